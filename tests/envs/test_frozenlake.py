@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from env_server.core import Action, EnvError, Representation, ResponseFormat, registry
 from env_server.envs.frozenlake import FrozenLakeEnv
+from env_server.envs.frozenlake.env import generate_map
 
 
 def acts(*names: str) -> list[Action]:
@@ -59,12 +60,12 @@ def test_oracle_solves_100_seeds():
 
 def test_goal_reward_is_the_configured_one():
     env = FrozenLakeEnv(FrozenLakeEnv.Config(success_reward=3.5, max_actions_per_turn=10))
-    env.reset(2)  # P_O_ / ____ / ____ / ___G
-    tr = env.step(acts("Down", "Down", "Down", "Right", "Right", "Right", "Left"))
+    env.reset(2)  # __O_ / ____ / ____ / __PG
+    tr = env.step(acts("Left", "Left", "Up", "Right", "Right", "Right", "Down", "Left"))
     assert tr.reward == 3.5 and tr.success and tr.terminated
-    assert tr.actions_executed == 6 and tr.info["skipped_actions"] == ["Left"]
+    assert tr.actions_executed == 7 and tr.info["skipped_actions"] == ["Left"]
     assert tr.info["actions"][-1] == {
-        "name": "Right",
+        "name": "Down",
         "result": "moved",
         "reward": 3.5,
         "event": "reached the goal",
@@ -74,14 +75,14 @@ def test_goal_reward_is_the_configured_one():
 
 def test_hole_ends_the_episode_without_reward():
     env = FrozenLakeEnv()
-    env.reset(0)  # P___ / OO__ / _OO_ / O__G
-    tr = env.step(acts("Right", "Down", "Up"))
+    env.reset(0)  # _G__ / OO__ / _OO_ / OP__
+    tr = env.step(acts("Right", "Up", "Up"))
     assert tr.terminated and not tr.success and not tr.truncated
     assert tr.reward == 0.0
     assert tr.actions_executed == 2 and tr.info["skipped_actions"] == ["Up"]
     assert tr.info["actions"][1]["event"] == "fell into a hole"
-    assert tr.observation.ground_truth["player"] == [1, 1]
-    assert env.describe(tr.observation.ground_truth, "symbolic").split("\n")[1] == "OX__"
+    assert tr.observation.ground_truth["player"] == [2, 2]
+    assert env.describe(tr.observation.ground_truth, "symbolic").split("\n")[2] == "_OX_"
     assert env.oracle_actions() == []
     with pytest.raises(EnvError) as err:
         env.step(acts("Up"))
@@ -90,17 +91,48 @@ def test_hole_ends_the_episode_without_reward():
 
 def test_edge_bump_is_blocked_and_empty_turns_truncate():
     env = FrozenLakeEnv(FrozenLakeEnv.Config(max_turns=2))
-    env.reset(0)
-    tr = env.step(acts("Up", "Left", "Fly"))
+    env.reset(3)  # __O_ / P___ / ___G / ___O
+    tr = env.step(acts("Left", "Left", "Fly"))
     assert [a["result"] for a in tr.info["actions"]] == ["blocked", "blocked"]
     assert tr.invalid_actions and tr.invalid_actions[0].startswith("Fly: unknown action")
-    assert tr.observation.ground_truth["player"] == [0, 0] and not tr.done
+    assert tr.observation.ground_truth["player"] == [1, 0] and not tr.done
     assert tr.observation.info == {"turn": 1, "max_turns": 2}
     tr = env.step([])
     assert tr.truncated and not tr.terminated and tr.actions_executed == 0
     with pytest.raises(EnvError) as err:
         env.step([])
     assert err.value.code == "FAILED_PRECONDITION"
+
+
+def test_start_and_goal_are_random_and_every_level_is_solvable():
+    # gymnasium's generator always starts at [0, 0] and ends at the far corner; ours
+    # draws both, so no blind plan solves many levels; the oracle proves each solvable
+    starts, goals = set(), set()
+    for size in (3, 4, 6):
+        env = FrozenLakeEnv(FrozenLakeEnv.Config(size=size, max_turns=size * size))
+        for seed in range(150):
+            gt = env.reset(seed).ground_truth
+            assert gt["player"] != gt["goal"] and gt["player"] not in gt["holes"]
+            starts.add((size, *gt["player"]))
+            goals.add((size, *gt["goal"]))
+            while True:
+                tr = env.step(env.oracle_actions())
+                if tr.done:
+                    break
+            assert tr.success, f"size {size} seed {seed} not solved by the oracle"
+        env.close()
+    assert len({s for s in starts if s[0] == 4}) == 16 and len({g for g in goals if g[0] == 4}) == 16
+    assert generate_map(5, 0.7, 42) == generate_map(5, 0.7, 42)
+    assert all(isinstance(row, str) for row in generate_map(5, 0.7, 42))
+
+
+def test_text_render_mode_writes_the_map_in_the_observation():
+    env = FrozenLakeEnv(FrozenLakeEnv.Config(render_mode="text"))
+    obs = env.reset(1)
+    assert obs.images == [] and "<image>" not in obs.text
+    assert obs.text.endswith("____\n_GP_\n___O\n____")
+    moved = env.step(acts("Left")).observation
+    assert moved.text.endswith("____\n_√__\n___O\n____")
 
 
 def test_step_before_reset_is_a_precondition_error():
@@ -152,27 +184,23 @@ def test_snapshot_restore_round_trip():
 def test_describe_three_representations_for_a_known_seed():
     env = FrozenLakeEnv()
     gt = env.reset(1).ground_truth
-    assert gt["grid_size"] == [4, 4] and gt["goal"] == [3, 3]
+    assert gt["grid_size"] == [4, 4] and gt["goal"] == [1, 1]
     assert json.loads(env.describe(gt, Representation.STRUCTURED)) == {
-        "player": [0, 0],
-        "goal": [3, 3],
-        "hole": [[0, 1], [0, 3], [1, 2]],
+        "player": [1, 2],
+        "goal": [1, 1],
+        "hole": [[2, 3]],
     }
-    assert env.describe(gt, Representation.SYMBOLIC) == "PO_O\n__O_\n____\n___G"
+    assert env.describe(gt, Representation.SYMBOLIC) == "____\n_GP_\n___O\n____"
     assert env.describe(gt, Representation.NATURAL) == (
-        "The goal is below and to the right of the player. "
-        "The hole is in the same row, to the right of the player. "
-        "The hole is in the same row, to the right of the player. "
+        "The goal is in the same row, to the left of the player. "
         "The hole is below and to the right of the player."
     )
     gt = env.step(acts("Down", "Down", "Right")).observation.ground_truth
     assert env.describe(gt, Representation.NATURAL) == (
-        "The goal is below and to the right of the player. "
-        "The hole is in the same column, above the player. "
-        "The hole is above and to the right of the player. "
-        "The hole is above and to the right of the player."
+        "The goal is above and to the left of the player. "
+        "The hole is in the same column, above the player."
     )
-    assert {tuple(r["position"]): r["vertical"] for r in gt["relations"]}[(3, 3)] == "below"
+    assert {tuple(r["position"]): r["vertical"] for r in gt["relations"]}[(1, 1)] == "above"
     with pytest.raises(EnvError):
         env.describe({"goal": [3, 3]}, Representation.NATURAL)
 

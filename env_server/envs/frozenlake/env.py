@@ -1,7 +1,10 @@
 """FrozenLake: walk across the ice to the goal without falling into a hole.
 
-Runs on gymnasium's `FrozenLake-v1` (not slippery) for the rules and the pictures; the
-map is drawn from the seed with gymnasium's `generate_random_map` at every reset.
+Runs on gymnasium's `FrozenLake-v1` (not slippery) for the rules and the pictures. The
+map is drawn from the seed at every reset (`generate_map`): holes, and a start and a
+goal at random cells (as VAGEN does), redrawn until a safe path joins them, so a
+policy has to read the map (gymnasium's generator always starts at the top-left and
+ends at the bottom-right, where one blind plan solves a third of the levels).
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections import deque
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 # pygame must find a display driver it can open headless before it is first imported
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
@@ -17,7 +20,6 @@ os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
 
 import numpy as np  # noqa: E402
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake  # noqa: E402
-from gymnasium.envs.toy_text.frozen_lake import generate_random_map  # noqa: E402
 from PIL import Image  # noqa: E402
 from pydantic import Field  # noqa: E402
 
@@ -71,6 +73,11 @@ class FrozenLakeConfig(EnvConfig):
         le=1024,
         description="Side of the square image in pixels; null keeps gymnasium's 64 px per cell.",
     )
+    render_mode: Literal["vision", "text"] = Field(
+        "vision",
+        description="vision: the observation is the image; text: the map as a grid of "
+        "symbols in the observation text, no image (VAGEN's render_mode).",
+    )
 
 
 class FrozenLakeEnv(Environment):
@@ -107,7 +114,7 @@ class FrozenLakeEnv(Environment):
         if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
             raise EnvError(f"seed must be a non-negative integer, got {seed!r}")
         seed = int(seed)
-        desc = tuple(generate_random_map(size=self.config.size, p=self.config.p, seed=seed))
+        desc = generate_map(self.config.size, self.config.p, seed)
         self._load(desc, seed)
         self._turn = 0
         self._done = False
@@ -216,9 +223,14 @@ class FrozenLakeEnv(Environment):
         return frame
 
     def _observation(self) -> Observation:
+        if self.config.render_mode == "text":
+            grid = self.describe(self.ground_truth(), Representation.SYMBOLIC)
+            text, images = f"[Observation]:\n{grid}", []
+        else:
+            text, images = "[Observation]: <image>", [self.render()]
         return Observation(
-            text="[Observation]: <image>",
-            images=[self.render()],
+            text=text,
+            images=images,
             ground_truth=self.ground_truth(),
             info={"turn": self._turn, "max_turns": self.config.max_turns},
         )
@@ -285,29 +297,7 @@ class FrozenLakeEnv(Environment):
         return [Action(name) for name in path[: self.config.max_actions_per_turn]]
 
     def _shortest_path(self) -> list[str]:
-        rows, cols = len(self._desc), len(self._desc[0])
-        start = self._player()
-        parent: dict[tuple[int, int], tuple[tuple[int, int], str]] = {}
-        seen, frontier = {start}, deque([start])
-        while frontier:
-            cell = frontier.popleft()
-            if self._desc[cell[0]][cell[1]] == "G":
-                path: list[str] = []
-                while cell != start:
-                    cell, name = parent[cell]
-                    path.append(name)
-                return path[::-1]
-            for name in ACTIONS:
-                dr, dc = DELTAS[name]
-                nxt = (cell[0] + dr, cell[1] + dc)
-                if not (0 <= nxt[0] < rows and 0 <= nxt[1] < cols) or nxt in seen:
-                    continue
-                if self._desc[nxt[0]][nxt[1]] == "H":
-                    continue
-                seen.add(nxt)
-                parent[nxt] = (cell, name)
-                frontier.append(nxt)
-        return []
+        return shortest_path(self._desc, self._player())
 
     # ---- helpers --------------------------------------------------------
     def _require_gym(self) -> GymFrozenLake:
@@ -326,6 +316,49 @@ class FrozenLakeEnv(Environment):
         return [
             [r, c] for r, row in enumerate(self._desc) for c, ch in enumerate(row) if ch == letter
         ]
+
+
+def shortest_path(desc: tuple[str, ...], start: tuple[int, int]) -> list[str]:
+    """The moves of a shortest path from `start` to the goal that avoids the holes
+    (breadth-first search); [] when there is none or `start` is the goal."""
+    rows, cols = len(desc), len(desc[0])
+    parent: dict[tuple[int, int], tuple[tuple[int, int], str]] = {}
+    seen, frontier = {start}, deque([start])
+    while frontier:
+        cell = frontier.popleft()
+        if desc[cell[0]][cell[1]] == "G":
+            path: list[str] = []
+            while cell != start:
+                cell, name = parent[cell]
+                path.append(name)
+            return path[::-1]
+        for name in ACTIONS:
+            dr, dc = DELTAS[name]
+            nxt = (cell[0] + dr, cell[1] + dc)
+            if not (0 <= nxt[0] < rows and 0 <= nxt[1] < cols) or nxt in seen:
+                continue
+            if desc[nxt[0]][nxt[1]] == "H":
+                continue
+            seen.add(nxt)
+            parent[nxt] = (cell, name)
+            frontier.append(nxt)
+    return []
+
+
+def generate_map(size: int, p: float, seed: int) -> tuple[str, ...]:
+    """A size x size map from `seed`: each cell frozen with probability `p`, else a hole;
+    a start (S) and a goal (G) on two distinct random cells. Drawn again (from the same
+    generator) until the oracle's search finds a safe path from S to G, so every level
+    is solvable. Rows of "S", "F", "H", "G", as gymnasium's FrozenLake reads them."""
+    rng = np.random.default_rng(seed)
+    while True:
+        cells = np.where(rng.random((size, size)) < p, "F", "H")
+        start, goal = rng.choice(size * size, size=2, replace=False)
+        cells[divmod(int(start), size)] = "S"
+        cells[divmod(int(goal), size)] = "G"
+        desc = tuple("".join(row) for row in cells)
+        if shortest_path(desc, divmod(int(start), size)):
+            return desc
 
 
 def _relation(kind: str, player: list[int], pos: list[int]) -> dict[str, Any]:
