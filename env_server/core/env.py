@@ -99,6 +99,9 @@ class Environment(ABC):
     name: ClassVar[str]
     Config: ClassVar[type[EnvConfig]] = EnvConfig
     description: ClassVar[str] = ""
+    # None: a restored snapshot (a forked session) answers every action exactly as the
+    # original would; otherwise what may differ, said to clients in the fork's reply
+    fork_tolerance: ClassVar[str | None] = None
 
     def __init__(self, config: EnvConfig | None = None) -> None:
         self.config = config if config is not None else self.Config()

@@ -63,6 +63,16 @@ class ResponseGuard:
             top = {k for k, _ in self._counts.most_common(cfg.top_k)}
         return cfg.penalty if key in top else 0.0
 
+    def copy(self) -> ResponseGuard:
+        """An independent guard holding the same window (a forked session's own guard:
+        the fork is penalised exactly as its source would be, and neither sees the other's
+        later responses)."""
+        other = ResponseGuard(self.config)
+        with self._lock:
+            other._counts = Counter(self._counts)  # same counts, same (insertion) order
+            other._ones = dict(self._ones)
+        return other
+
     def count(self, response_text: str) -> int:
         """How often `response_text` was seen (0 if never, or dropped from the window)."""
         with self._lock:

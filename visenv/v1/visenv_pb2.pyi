@@ -226,6 +226,40 @@ class CloseResponse(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[CloseResult]
     def __init__(self, results: _Optional[_Iterable[_Union[CloseResult, _Mapping]]] = ...) -> None: ...
 
+class ForkItem(_message.Message):
+    __slots__ = ("session_id", "n")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    n: int
+    def __init__(self, session_id: _Optional[str] = ..., n: _Optional[int] = ...) -> None: ...
+
+class ForkRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[ForkItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[ForkItem, _Mapping]]] = ...) -> None: ...
+
+class ForkedSessions(_message.Message):
+    __slots__ = ("replies",)
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
+    replies: _containers.RepeatedCompositeFieldContainer[SessionReply]
+    def __init__(self, replies: _Optional[_Iterable[_Union[SessionReply, _Mapping]]] = ...) -> None: ...
+
+class ForkResult(_message.Message):
+    __slots__ = ("forks", "error")
+    FORKS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    forks: ForkedSessions
+    error: Error
+    def __init__(self, forks: _Optional[_Union[ForkedSessions, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+
+class ForkResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[ForkResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[ForkResult, _Mapping]]] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -64,6 +64,11 @@ class VisenvStub:
                 request_serializer=visenv_dot_v1_dot_visenv__pb2.CloseRequest.SerializeToString,
                 response_deserializer=visenv_dot_v1_dot_visenv__pb2.CloseResponse.FromString,
                 _registered_method=True)
+        self.Fork = channel.unary_unary(
+                '/visenv.v1.Visenv/Fork',
+                request_serializer=visenv_dot_v1_dot_visenv__pb2.ForkRequest.SerializeToString,
+                response_deserializer=visenv_dot_v1_dot_visenv__pb2.ForkResponse.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/visenv.v1.Visenv/Status',
                 request_serializer=visenv_dot_v1_dot_visenv__pb2.StatusRequest.SerializeToString,
@@ -116,6 +121,16 @@ class VisenvServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Fork(self, request, context):
+        """Fork sessions: each item makes `n` new sessions in its source's exact state
+        (environment, turn and episode counters, last observation, reasoning guard window),
+        on the source's worker. An item is answered whole: n replies, or one error
+        (CAPACITY when n sessions don't fit, FAILED_PRECONDITION when the env can't snapshot).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """The server's load and limits (the same JSON as REST's GET /health).
         """
@@ -155,6 +170,11 @@ def add_VisenvServicer_to_server(servicer, server):
                     servicer.Close,
                     request_deserializer=visenv_dot_v1_dot_visenv__pb2.CloseRequest.FromString,
                     response_serializer=visenv_dot_v1_dot_visenv__pb2.CloseResponse.SerializeToString,
+            ),
+            'Fork': grpc.unary_unary_rpc_method_handler(
+                    servicer.Fork,
+                    request_deserializer=visenv_dot_v1_dot_visenv__pb2.ForkRequest.FromString,
+                    response_serializer=visenv_dot_v1_dot_visenv__pb2.ForkResponse.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -324,6 +344,33 @@ class Visenv:
             '/visenv.v1.Visenv/Close',
             visenv_dot_v1_dot_visenv__pb2.CloseRequest.SerializeToString,
             visenv_dot_v1_dot_visenv__pb2.CloseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Fork(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/visenv.v1.Visenv/Fork',
+            visenv_dot_v1_dot_visenv__pb2.ForkRequest.SerializeToString,
+            visenv_dot_v1_dot_visenv__pb2.ForkResponse.FromString,
             options,
             channel_credentials,
             insecure,
