@@ -22,6 +22,7 @@ import uvicorn
 from env_server.service.gateway import GatewayService
 from env_server.service.service import EnvService
 from env_server.service.settings import Settings
+from env_server.service.worker import LOG_FORMAT
 
 from .rest import build_app
 
@@ -59,6 +60,7 @@ def _load_grpc() -> tuple[Callable[..., Any] | None, str | None]:
 
 
 async def serve(settings: Settings, announce: Callable[[str], None] = print) -> None:
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # errors carry their ids there
     if settings.upstreams:  # gateway mode: the sessions live on the upstream servers
         service: EnvService | GatewayService = GatewayService(settings.upstreams, settings.token)
         where = f"upstreams {', '.join(settings.upstreams)}"

@@ -226,9 +226,10 @@ def _guarded(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[A
             await _abort(context, err.code, err.message)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
-        except Exception as exc:  # a bug: say what failed
-            log.exception("gRPC %s failed", method.__name__)
-            await _abort(context, "INTERNAL", f"{method.__name__}: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # a bug: an error id that the logged traceback carries
+            error = ServiceError.internal(exc, f"gRPC {method.__name__}", log)
+            self.service.metrics.errors.labels("INTERNAL").inc()
+            await _abort(context, "INTERNAL", error.message)
 
     return wrapper
 

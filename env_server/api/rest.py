@@ -11,6 +11,7 @@ the field; bodies over the limit are 413; a missing or wrong bearer token is 401
 from __future__ import annotations
 
 import hmac
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from env_server.service.models import (
 )
 from env_server.service.service import EnvService
 
+log = logging.getLogger("visenv.rest")
 STATIC = Path(__file__).parent / "static"
 ERRORS = {
     status: {"model": ErrorReplyDoc} for status in (401, 404, 409, 410, 413, 422, 429, 500, 503)
@@ -120,6 +122,35 @@ class GuardMiddleware:
         await self.app(scope, replay, send)
 
 
+class InternalErrorMiddleware:
+    """Pure ASGI middleware, outermost: an unexpected exception anywhere in the app (a bug,
+    e.g. a reply that can't be encoded) answers a structured INTERNAL error with an id that
+    the logged traceback carries, and is counted in visenv_errors_total{code="INTERNAL"}."""
+
+    def __init__(self, app: ASGIApp, metrics: Any) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            where = f"{scope.get('method', '')} {scope.get('path', '')}"
+            error = ServiceError.internal(exc, where, log)
+            self.metrics.errors.labels("INTERNAL").inc()
+            if not started:  # otherwise the client sees a cut-off reply; the log has the id
+                await error_response(error)(scope, receive, send)
+
+
 def _validation_error(exc: RequestValidationError) -> ServiceError:
     err = exc.errors()[0]
     loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "path", "query")]
@@ -140,6 +171,7 @@ def build_app(
         "Wire shapes: docs/wire.md. Play by hand at /play.",
     )
     app.add_middleware(GuardMiddleware, token=token, max_bytes=max_request_bytes)
+    app.add_middleware(InternalErrorMiddleware, metrics=service.metrics)  # the outermost
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.exception_handler(RequestValidationError)

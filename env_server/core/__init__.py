@@ -11,6 +11,7 @@ from .types import (
     Representation,
     ResponseFormat,
     Transition,
+    plain,
 )
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "Representation",
     "ResponseFormat",
     "Transition",
+    "plain",
 ]

@@ -64,7 +64,7 @@ class Action:
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Action":
+    def from_json(cls, data: dict[str, Any]) -> Action:
         return cls(
             name=str(data["name"]),
             args=tuple(data.get("args", ()) or ()),
@@ -145,6 +145,39 @@ class Transition:
     @property
     def done(self) -> bool:
         return self.terminated or self.truncated
+
+
+def plain(value: Any, where: str = "value") -> Any:
+    """`value` as plain JSON types (dict with str keys, list, str, int, float, bool, None).
+
+    numpy scalars and arrays become Python numbers and lists, tuples and sets become
+    lists. Anything else raises TypeError naming where it sits (e.g. "ground_truth.cubes[1]"),
+    so that a reply that could not be encoded is caught where it is built, not in the API.
+    """
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)  # also IntEnum -> int
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if isinstance(key, np.generic):
+                key = key.item()
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                raise TypeError(f"{where}: key {key!r} of type {type(key).__name__} is not JSON")
+            out[key if isinstance(key, str) else str(key)] = plain(item, f"{where}.{key}")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [plain(item, f"{where}[{n}]") for n, item in enumerate(value)]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (set, frozenset)):
+        return [plain(item, f"{where}[]") for item in sorted(value, key=repr)]
+    raise TypeError(f"{where}: {type(value).__name__} {value!r:.80} is not a plain JSON type")
 
 
 class EnvError(Exception):

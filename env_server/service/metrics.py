@@ -29,6 +29,11 @@ class Metrics:
             "Worker processes replaced after dying.",
             registry=self.registry,
         )
+        self.worker_timeouts = Counter(
+            "visenv_worker_timeouts",
+            "Worker processes killed for not answering within their deadline (stuck).",
+            registry=self.registry,
+        )
         self.reaped = Counter(
             "visenv_sessions_reaped",
             "Sessions closed after their idle timeout.",

@@ -9,6 +9,8 @@ processes: `SessionReply` (with images as `EncodedImage` bytes) or `ServiceError
 from __future__ import annotations
 
 import base64
+import logging
+import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -109,6 +111,23 @@ class BatchClose(_Strict):
     session_ids: list[str]
 
 
+MAX_FORKS = 256  # per fork item; the session cap is checked as well
+
+
+class ForkBody(_Strict):
+    """REST body of POST /v1/sessions/{id}/fork."""
+
+    n: int = Field(1, ge=1, le=MAX_FORKS, description="How many forks of the session to make.")
+
+
+class ForkItem(ForkBody):
+    session_id: str
+
+
+class BatchFork(_Strict):
+    items: list[dict[str, Any]] = Field(description="ForkItem objects: {session_id, n}.")
+
+
 # ---------------------------------------------------------------------------- replies
 class ServiceError(Exception):
     """A structured error: a wire code, a message a person can act on, the field at fault."""
@@ -118,9 +137,10 @@ class ServiceError(Exception):
         self.code = code
         self.message = message
         self.field = field
+        self.error_id: str | None = None  # INTERNAL errors: the id the server log carries
 
     def __reduce__(self):  # picklable across worker pipes
-        return (ServiceError, (self.code, self.message, self.field))
+        return (_rebuild_error, (self.code, self.message, self.field, self.error_id))
 
     def __repr__(self) -> str:
         return f"ServiceError({self.code!r}, {self.message!r}, field={self.field!r})"
@@ -139,7 +159,26 @@ class ServiceError(Exception):
         return HTTP_STATUS.get(self.code, 500)
 
     def to_json(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message, "field": self.field}
+        out = {"code": self.code, "message": self.message, "field": self.field}
+        if self.error_id is not None:
+            out["error_id"] = self.error_id
+        return out
+
+    @classmethod
+    def internal(cls, exc: BaseException, where: str, logger: logging.Logger) -> ServiceError:
+        """INTERNAL for an unexpected exception (a bug): the reply carries an error id, and
+        the traceback is logged with the same id, so an operator can find one from the other."""
+        error_id = f"err-{secrets.token_hex(6)}"
+        logger.error(
+            "INTERNAL %s in %s: %s: %s", error_id, where, type(exc).__name__, exc, exc_info=exc
+        )
+        error = cls(
+            "INTERNAL",
+            f"internal error {error_id} in {where}: {type(exc).__name__}: {exc} "
+            "(the server log has the traceback under this id)",
+        )
+        error.error_id = error_id
+        return error
 
     @classmethod
     def from_validation(cls, exc: ValidationError, prefix: str = "") -> ServiceError:
@@ -148,6 +187,12 @@ class ServiceError(Exception):
         loc = ".".join(str(p) for p in err["loc"])
         name = ".".join(p for p in (prefix, loc) if p) or None
         return cls("INVALID_ARGUMENT", f"{name or 'request'}: {err['msg']}", name)
+
+
+def _rebuild_error(code: str, message: str, field: str | None, error_id: str | None):
+    error = ServiceError(code, message, field)
+    error.error_id = error_id
+    return error
 
 
 @dataclass
@@ -274,6 +319,16 @@ def batch_item_json(result: BatchResult) -> dict[str, Any]:
     return {"ok": True, "reply": result.to_json()}
 
 
+ForkResult = list[SessionReply] | ServiceError
+
+
+def fork_item_json(result: ForkResult) -> dict[str, Any]:
+    """One item of a batch fork: the forks' replies, or the error that refused it whole."""
+    if isinstance(result, ServiceError):
+        return {"ok": False, "error": result.to_json()}
+    return {"ok": True, "replies": [r.to_json() for r in result]}
+
+
 # ---------------------------------------------------------------------------- reply docs
 # Pydantic mirrors of the JSON replies, for the OpenAPI page only (replies are built from
 # the dataclasses above without validation: they are the hot path).
@@ -321,6 +376,7 @@ class ErrorDoc(BaseModel):
     code: str
     message: str
     field: str | None
+    error_id: str | None = Field(None, description="INTERNAL only: the id in the server log")
 
 
 class ErrorReplyDoc(BaseModel):
@@ -335,6 +391,23 @@ class BatchItemDoc(BaseModel):
 
 class BatchReplyDoc(BaseModel):
     results: list[BatchItemDoc]
+
+
+class ForkReplyDoc(BaseModel):
+    replies: list[SessionReplyDoc] = Field(
+        description="one per fork: the source's last reply under the fork's session_id; "
+        "info.fork = {source, exact, tolerance}"
+    )
+
+
+class ForkItemDoc(BaseModel):
+    ok: bool
+    replies: list[SessionReplyDoc] | None = None
+    error: ErrorDoc | None = None
+
+
+class BatchForkReplyDoc(BaseModel):
+    results: list[ForkItemDoc]
 
 
 class CloseItemDoc(BaseModel):

@@ -10,6 +10,7 @@ API (all methods are coroutines; batch-first, answered per item, in order)::
     await service.step(items)   -> list[SessionReply | ServiceError]   items: StepItem | dict
     await service.get(ids)      -> list[SessionReply | ServiceError]   the last reply, nothing applied
     await service.close(ids)    -> list[ServiceError | None]           None: closed
+    await service.fork(items)   -> list[list[SessionReply] | ServiceError]  items: ForkItem | dict
     await service.frame(id)     -> bytes (PNG of the current first image); raises ServiceError
     await service.health()      -> dict (status, sessions, workers with pids, limits, ...)
     service.metrics.render()    -> Prometheus text
@@ -34,7 +35,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
+import functools
 import itertools
+import logging
 import multiprocessing
 import os
 import pickle
@@ -53,6 +57,7 @@ from env_server.reasoning import Judge, ReasoningConfig, ResponseGuard
 from .metrics import Metrics
 from .models import (
     EnvSpec,
+    ForkItem,
     ResetItem,
     ServiceError,
     SessionOptions,
@@ -63,10 +68,21 @@ from .settings import Settings
 from .worker import NeedsJudge, worker_main, world_model_parts
 
 M = TypeVar("M", bound=BaseModel)
+log = logging.getLogger("visenv.service")
 
 
 class WorkerLost(Exception):
     """The worker process died (before or while answering)."""
+
+
+@dataclass
+class _Queued:
+    """A request waiting to be sent to a worker (coalesced with others into one message)."""
+
+    op: str
+    payload: Any
+    future: asyncio.Future
+    size: int  # items (a list payload's length; 1 otherwise)
 
 
 class WorkerHandle:
@@ -81,9 +97,21 @@ class WorkerHandle:
         index: int,
         ctx: multiprocessing.context.BaseContext,
         env_paths: dict[str, str] | None = None,
+        *,
+        coalesce_window: float = 0.0,
+        coalesce_max_items: int = 512,
     ) -> None:
         self.index = index
         self.env_paths = dict(env_paths or {})
+        # coalescing (see `request`): requests queued while a message is in flight
+        self.coalesce_window = coalesce_window
+        self.coalesce_max_items = coalesce_max_items
+        self._queue: collections.deque[_Queued] = collections.deque()
+        self._queued_items = 0
+        self._in_flight = 0  # messages sent and not yet answered
+        self._timer: asyncio.TimerHandle | None = None
+        self.messages_sent = 0  # pipe messages, and the requests they carried
+        self.requests_sent = 0
         self.ctx = ctx
         self.sessions: set[str] = set()
         self.pid: int | None = None
@@ -155,20 +183,123 @@ class WorkerHandle:
             self.on_death(self)
 
     async def request(self, op: str, payload: Any) -> Any:
+        """Send one op to the worker and await its answer, coalesced with concurrent ones.
+
+        A request on an idle worker (nothing in flight) is sent at once: no added latency.
+        Requests made while a message is in flight wait in a queue, and the moment that
+        message is answered, everything queued goes as ONE message (`multi`, at most
+        `coalesce_max_items` items; a longer queue is sent without waiting). So 64 clients
+        each stepping their own session cost about one batch of 64, not 64 messages. With
+        `coalesce_window` > 0 a request on an idle worker also waits up to that long for
+        company. Sub-requests keep their order (so a session's step, then close, stay in
+        that order), and each caller gets its own answer, or WorkerLost if the worker dies.
+        """
         if not self.alive or self._writer is None:
             raise WorkerLost(f"worker {self.index} is not running")
-        request_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
-        data = pickle.dumps((request_id, op, payload), protocol=pickle.HIGHEST_PROTOCOL)
+        size = len(payload) if isinstance(payload, list) else 1
+        self._queue.append(_Queued(op, payload, future, size))
+        self._queued_items += size
+        if (
+            self.coalesce_window > 0
+            and self._in_flight == 0
+            and self._queued_items < self.coalesce_max_items
+        ):
+            if self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(
+                    self.coalesce_window, self._window_over
+                )
+        else:
+            self._flush()
+        return await future
+
+    def _window_over(self) -> None:
+        self._timer = None
+        self._flush(force=True)
+
+    def _flush(self, force: bool = False) -> None:
+        """Send the queue (in messages of at most coalesce_max_items items) while the worker
+        has nothing in flight, or the queue is full, or `force` (the window is over)."""
+        if not self.alive or self._writer is None:
+            lost = WorkerLost(f"worker {self.index} (pid {self.pid}) is not running")
+            while self._queue:
+                entry = self._queue.popleft()
+                if not entry.future.done():
+                    entry.future.set_exception(lost)
+            self._queued_items = 0
+            return
+        while self._queue and (
+            force or self._in_flight == 0 or self._queued_items >= self.coalesce_max_items
+        ):
+            force = False
+            entries: list[_Queued] = []
+            items = 0
+            while self._queue and (
+                not entries or items + self._queue[0].size <= self.coalesce_max_items
+            ):
+                entry = self._queue.popleft()
+                self._queued_items -= entry.size
+                if not entry.future.done():  # its caller gave up: not sent
+                    entries.append(entry)
+                    items += entry.size
+            if entries:
+                self._send(entries)
+        if not self._queue and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _send(self, entries: list[_Queued]) -> None:
+        request_id = next(self._ids)
+        message = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = message
+        self._in_flight += 1
+        self.messages_sent += 1
+        self.requests_sent += len(entries)
+        message.add_done_callback(functools.partial(self._answered, entries))
         try:
-            self._writer.write(struct.pack("!i", len(data)))
-            self._writer.write(data)
-            await self._writer.drain()
+            if len(entries) == 1:
+                body = (request_id, entries[0].op, entries[0].payload)
+            else:
+                body = (request_id, "multi", [(e.op, e.payload) for e in entries])
+            data = pickle.dumps(body, protocol=pickle.HIGHEST_PROTOCOL)
+            assert self._writer is not None
+            self._writer.write(struct.pack("!i", len(data)) + data)
         except (ConnectionError, OSError) as exc:
             self._pending.pop(request_id, None)
-            raise WorkerLost(f"worker {self.index} (pid {self.pid}) died: {exc}") from exc
-        return await future
+            message.set_exception(WorkerLost(f"worker {self.index} (pid {self.pid}) died: {exc}"))
+        except Exception as exc:  # e.g. a payload that can't be pickled: a bug in the service
+            self._pending.pop(request_id, None)
+            message.set_exception(exc)
+
+    def _answered(self, entries: list[_Queued], message: asyncio.Future) -> None:
+        """Hand each caller its part of a message's answer, then send what queued meanwhile."""
+        self._in_flight -= 1
+        if message.cancelled():
+            error: BaseException | None = WorkerLost(f"worker {self.index}: message cancelled")
+        else:
+            error = message.exception()
+        if error is None:
+            result = message.result()
+            if len(entries) == 1:
+                results = [result]
+            elif isinstance(result, list) and len(result) == len(entries):
+                results = result
+            else:  # the worker could not read the message: every caller gets its error
+                results = [result] * len(entries)
+            for entry, answer in zip(entries, results, strict=True):
+                if not entry.future.done():
+                    entry.future.set_result(answer)
+        else:
+            for entry in entries:
+                if not entry.future.done():
+                    entry.future.set_exception(error)
+        self._flush()
+
+    def kill(self) -> None:
+        """SIGKILL the process (a stuck worker): its pipe closes, calls in flight fail with
+        WorkerLost and `on_death` replaces it, as for any death."""
+        if self.process is not None and self.process.is_alive():
+            self.process.kill()
 
     async def stop(self, timeout: float = 5.0) -> None:
         self._stopping = True
@@ -201,6 +332,7 @@ class Session:
     last_reply: SessionReply | None = None
     last_used: float = field(default_factory=time.monotonic)
     busy: asyncio.Future | None = None  # set while a call on this session is in flight
+    guard: ResponseGuard | None = None  # a fork's own guard; None: the one of its config
 
 
 def _validate(model: type[M], raw: M | Mapping[str, Any]) -> M | ServiceError:
@@ -237,7 +369,7 @@ class EnvService:
         if self.settings.start_method == "forkserver":
             self._ctx.set_forkserver_preload(["env_server.service.worker"])
         self.workers = [
-            WorkerHandle(i, self._ctx, self.settings.env_paths)
+            self._worker_handle(i)
             for i in range(self.settings.workers)
         ]
         for handle in self.workers:
@@ -260,6 +392,15 @@ class EnvService:
             spec.enabled = name in wanted and spec.available
         if self.settings.idle_timeout > 0:
             self._reaper = asyncio.create_task(self._reap_loop(), name="session-reaper")
+
+    def _worker_handle(self, index: int) -> WorkerHandle:
+        return WorkerHandle(
+            index,
+            self._ctx,
+            self.settings.env_paths,
+            coalesce_window=self.settings.coalesce_window,
+            coalesce_max_items=self.settings.coalesce_max_items,
+        )
 
     async def stop(self) -> None:
         self._stopping = True
@@ -350,7 +491,7 @@ class EnvService:
 
         async def run(worker: WorkerHandle, group: list[tuple[int, Session]]) -> None:
             payload = [(s.id, s.options.model_dump(mode="json")) for _, s in group]
-            answers = await self._call(worker, "create", payload)
+            answers = await self._call(worker, "create", payload, [s.env for _, s in group])
             for (pos, session), answer in zip(group, answers, strict=True):
                 results[pos] = answer
                 if isinstance(answer, SessionReply):
@@ -438,12 +579,12 @@ class EnvService:
             planned.setdefault(session.worker, []).append((pos, session))
 
         async def run(worker: WorkerHandle, group: list[tuple[int, Session]]) -> None:
-            try:
-                answers = await worker.request("close", [s.id for _, s in group])
-            except WorkerLost:
-                return  # the environments went with the worker: closed all the same
+            ids, envs = [s.id for _, s in group], [s.env for _, s in group]
+            answers = await self._call(worker, "close", ids, envs)
             for (pos, _), answer in zip(group, answers, strict=True):
-                results[pos] = answer
+                # SESSION_LOST: the environment went with its worker, closed all the same
+                lost = isinstance(answer, ServiceError) and answer.code == "SESSION_LOST"
+                results[pos] = None if lost else answer
 
         # shielded: a caller that gives up (client gone) must not leave a step applied in
         # the worker but unrecorded here (the step_index would drift)
@@ -451,15 +592,129 @@ class EnvService:
         self.metrics.sessions.set(len(self.sessions))
         return self._count_errors(results)
 
+    async def fork(
+        self, items: Sequence[ForkItem | Mapping[str, Any]]
+    ) -> list[list[SessionReply] | ServiceError]:
+        """Each item makes `n` new sessions in its source's exact state, on its worker.
+
+        A fork copies the environment (snapshot, restored into a fresh instance), the turn
+        and episode counters, the step_index, the last observation and last reply (so a
+        retried step answers from memory on the fork too), and the reasoning guard's
+        window: the guard counts responses over the sessions of one config, and a fork gets
+        its own copy of the source's guard (a fork's later responses are counted in its
+        copy only), so a fork is penalised exactly as its source would be. An item is
+        answered whole: its n replies (the source's last reply under each fork's id, with
+        info["fork"] = {source, exact, tolerance}), or one error: CAPACITY when n more
+        sessions don't fit under the cap, FAILED_PRECONDITION when the env can't snapshot.
+        """
+        results: list[Any] = [None] * len(items)
+        targets: list[tuple[int, ForkItem, Session]] = []
+        seen: set[str] = set()
+        for pos, raw in enumerate(items):
+            item = _validate(ForkItem, raw)
+            if isinstance(item, ServiceError):
+                results[pos] = item
+                continue
+            source = self._lookup(item.session_id)
+            if isinstance(source, ServiceError):
+                results[pos] = source
+            elif source.id in seen:
+                results[pos] = ServiceError(
+                    "INVALID_ARGUMENT",
+                    f"session {source.id} appears twice in one fork batch; ask for n forks once",
+                    "session_id",
+                )
+            else:
+                seen.add(source.id)
+                targets.append((pos, item, source))
+
+        while busy := [s.busy for _, _, s in targets if s.busy is not None]:
+            await asyncio.wait(busy)
+        loop = asyncio.get_running_loop()
+        planned: dict[WorkerHandle, list[tuple[int, Session, list[Session]]]] = {}
+        for pos, item, source in targets:
+            if self.sessions.get(source.id) is not source or source.last_reply is None:
+                results[pos] = self._lookup(source.id)
+                continue
+            source.last_used = time.monotonic()
+            room = self.settings.max_sessions - len(self.sessions)
+            if item.n > room:
+                results[pos] = ServiceError(
+                    "CAPACITY",
+                    f"forking {source.id} {item.n} times needs {item.n} sessions, but the "
+                    f"server has room for {max(room, 0)} under its cap of "
+                    f"{self.settings.max_sessions}; close some or ask for fewer",
+                    "n",
+                )
+                continue
+            source.busy = loop.create_future()
+            forks = []
+            for _ in range(item.n):
+                fork = Session(
+                    id=f"s-{secrets.token_hex(8)}",
+                    env=source.env,
+                    worker=source.worker,
+                    options=source.options,
+                    reasoning=source.reasoning,
+                    step_index=source.step_index,
+                    busy=loop.create_future(),
+                )
+                self.sessions[fork.id] = fork  # reserved: counts towards the cap
+                source.worker.sessions.add(fork.id)
+                forks.append(fork)
+            planned.setdefault(source.worker, []).append((pos, source, forks))
+
+        async def run(worker: WorkerHandle, group: list[tuple[int, Session, list[Session]]]):
+            try:
+                payload = [(source.id, [f.id for f in forks]) for _, source, forks in group]
+                answers = await self._call(worker, "fork", payload)
+                for (pos, source, forks), answer in zip(group, answers, strict=True):
+                    if isinstance(answer, ServiceError):
+                        results[pos] = answer
+                        for fork in forks:
+                            self._forget(fork)
+                        continue
+                    results[pos] = [self._forked(source, fork, answer) for fork in forks]
+            finally:
+                for _, source, forks in group:
+                    for session in (source, *forks):
+                        self._release(session)
+
+        # shielded: sessions the worker made must be recorded here even if the caller leaves
+        await asyncio.shield(asyncio.gather(*(run(w, g) for w, g in planned.items())))
+        self.metrics.sessions.set(len(self.sessions))
+        return self._count_errors(results)
+
+    def _forked(self, source: Session, fork: Session, answer: dict[str, Any]) -> SessionReply:
+        """Record a fork the worker made; its reply."""
+        assert source.last_reply is not None
+        if source.reasoning.guard.enabled:
+            fork.guard = self._guard_of(source).copy()
+        fork.last_reply = dataclasses.replace(source.last_reply, session_id=fork.id)
+        tolerance = answer.get("tolerance")
+        info = {
+            **fork.last_reply.info,
+            "fork": {"source": source.id, "exact": tolerance is None, "tolerance": tolerance},
+        }
+        return dataclasses.replace(fork.last_reply, info=info)
+
+    def _guard_of(self, session: Session) -> ResponseGuard:
+        """The session's reasoning guard: a fork's own copy, else the one of its config."""
+        if session.guard is not None:
+            return session.guard
+        cfg = session.reasoning.guard
+        key = cfg.model_dump_json()
+        guard = self._guards.get(key)
+        if guard is None:
+            guard = self._guards[key] = ResponseGuard(cfg)
+        return guard
+
     async def frame(self, session_id: str) -> bytes:
         session = self._lookup(session_id)
         if isinstance(session, ServiceError):
             raise session
         session.last_used = time.monotonic()
-        try:
-            answer = await session.worker.request("frame", session.id)
-        except WorkerLost as exc:
-            raise ServiceError("SESSION_LOST", f"session {session_id} was lost: {exc}") from None
+        answer = (await self._call(session.worker, "frame", [session.id], [session.env]))[0]
         if isinstance(answer, ServiceError):
             raise answer
         return answer
@@ -472,7 +727,15 @@ class EnvService:
             "idle_timeout_s": self.settings.idle_timeout,
             "envs": sorted(n for n, s in self.env_specs.items() if s.enabled),
             "workers": [
-                {"index": w.index, "pid": w.pid, "alive": w.alive, "sessions": len(w.sessions)}
+                {
+                    "index": w.index,
+                    "pid": w.pid,
+                    "alive": w.alive,
+                    "sessions": len(w.sessions),
+                    # requests and the messages that carried them (coalesced: fewer messages)
+                    "requests": w.requests_sent,
+                    "messages": w.messages_sent,
+                }
                 for w in self.workers
             ],
             "worker_restarts": self.worker_restarts,
@@ -522,13 +785,23 @@ class EnvService:
 
         async def run(worker: WorkerHandle, group: list[tuple[int, Any, Session]]) -> None:
             try:
-                answers = await self._call(worker, op, [payload(i, s) for _, i, s in group])
+                answers = await self._call(
+                    worker, op, [payload(i, s) for _, i, s in group], [s.env for _, _, s in group]
+                )
                 if post is not None:
                     answers = await post(group, answers)
                 for (pos, item, session), answer in zip(group, answers, strict=True):
                     results[pos] = answer
                     if isinstance(answer, SessionReply):
                         applied(item, session, answer)
+                    elif isinstance(answer, ServiceError) and answer.code == "INTERNAL":
+                        # the worker dropped it (its env is in an unknown state): so do we
+                        self._forget(session, ServiceError(
+                            "SESSION_LOST",
+                            f"session {session.id} ended on internal error {answer.error_id}; "
+                            "create a new session",
+                        ))  # fmt: skip
+                        self.metrics.sessions.set(len(self.sessions))
             finally:
                 for _, _, session in group:
                     self._release(session)
@@ -578,26 +851,48 @@ class EnvService:
             ]
             if not scores:
                 continue  # nothing graded: nothing a policy could game
-            key = guard_cfg.model_dump_json()
-            guard = self._guards.get(key)
-            if guard is None:
-                guard = self._guards[key] = ResponseGuard(guard_cfg)
-            amount = guard.penalty(item.response, sum(scores) / len(scores))
+            amount = self._guard_of(session).penalty(item.response, sum(scores) / len(scores))
             if amount:
                 reply.reward_parts.penalty = -amount
                 reply.reward = reply.reward_parts.total
         return answers
 
-    async def _call(self, worker: WorkerHandle, op: str, payload: list) -> list:
-        """One message to a worker; if it dies, every item answers SESSION_LOST."""
+    async def _call(
+        self, worker: WorkerHandle, op: str, payload: list, envs: Iterable[str] = ()
+    ) -> list:
+        """One message to a worker; if it dies, or does not answer within the deadline of
+        the environments involved (then it is killed and replaced), every item answers
+        SESSION_LOST."""
+        deadline = self.deadline(envs)
         try:
-            answers = await worker.request(op, payload)
+            answers = await asyncio.wait_for(worker.request(op, payload), deadline)
+        except TimeoutError:
+            self._kill_stuck(worker, op, deadline)
+            lost = ServiceError(
+                "SESSION_LOST",
+                f"the session's worker process did not answer {op} within {deadline:g} s "
+                "(a stuck environment?); it was killed and is being replaced: create a new session",
+            )
+            return [lost] * len(payload)
         except WorkerLost as exc:
             lost = ServiceError("SESSION_LOST", f"the session's worker process died: {exc}")
             return [lost] * len(payload)
         if isinstance(answers, ServiceError):  # the worker could not read the message
             return [answers] * len(payload)
         return answers
+
+    def deadline(self, envs: Iterable[str] = ()) -> float:
+        """Seconds a worker may take for one message about `envs` (the longest of theirs)."""
+        own = self.settings.deadlines
+        return max((own.get(e, self.settings.deadline) for e in envs), default=self.settings.deadline)
+
+    def _kill_stuck(self, worker: WorkerHandle, op: str, deadline: float) -> None:
+        log.error(
+            "worker %d (pid %s) did not answer %s within %g s: killing it; its %d sessions are lost",
+            worker.index, worker.pid, op, deadline, len(worker.sessions),
+        )  # fmt: skip
+        self.metrics.worker_timeouts.inc()
+        worker.kill()
 
     def _check_env(self, name: str) -> ServiceError | None:
         spec = self.env_specs.get(name)
@@ -672,7 +967,7 @@ class EnvService:
         self.metrics.sessions.set(len(self.sessions))
         self.worker_restarts += 1
         self.metrics.worker_restarts.inc()
-        replacement = WorkerHandle(handle.index, self._ctx, self.settings.env_paths)
+        replacement = self._worker_handle(handle.index)
         replacement.on_death = self._on_worker_death
         self.workers[handle.index] = replacement
         task = asyncio.get_running_loop().create_task(self._start_replacement(replacement))

@@ -45,8 +45,33 @@ class Settings(BaseSettings):
         description="Gateway mode: serve no environments here but route sessions to these "
         "visenv servers (host:grpc_port, comma-separated; a name may resolve to many replicas).",
     )
+    deadline: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds a worker may take to answer one message before it is taken for "
+        "stuck (an endless loop in an environment): it is killed and replaced, and its sessions "
+        "answer SESSION_LOST. Per environment family: `deadlines`.",
+    )
+    deadlines: dict[str, float] = Field(
+        default_factory=lambda: {"primitive_skill": 300.0, "navigation": 120.0},
+        description="Per-environment deadlines (JSON: env name -> seconds) over `deadline`; a "
+        "message for several environments gets the longest. A ManiSkill primitive takes seconds.",
+    )
     lost_memory: int = Field(
         100_000, ge=0, description="Lost session ids remembered to answer SESSION_LOST."
+    )
+    coalesce_window: float = Field(
+        0.0,
+        ge=0,
+        le=1.0,
+        description="Seconds a request waits on an idle worker for others to share its message "
+        "(0: sent at once). Requests that arrive while a worker's message is in flight are "
+        "always queued and sent together when it answers.",
+    )
+    coalesce_max_items: int = Field(
+        512,
+        ge=1,
+        description="Most items in one coalesced message to a worker (1: no coalescing).",
     )
 
     @field_validator("envs", "upstreams", "judge_urls", mode="before")

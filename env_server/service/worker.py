@@ -13,11 +13,18 @@ Ops and payloads:
     step   [(session_id, response | None, [action dict] | None, encoding | None)]
                                                         -> [SessionReply | ServiceError]
     close  [session_id]                                 -> [None | ServiceError]
-    frame  session_id                                   -> png bytes | ServiceError
+    fork   [(source_id, [new session_id])]              -> [{"tolerance"} | ServiceError]
+           (n new sessions in the source's state, all made or none)
+    frame  [session_id]                                 -> [png bytes | ServiceError]
+    multi  [(op, payload), ...]                         -> [answer of each, in order]
+           (concurrent requests the service coalesced into one message)
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import logging
 import os
 import pickle
 import signal
@@ -37,6 +44,7 @@ from env_server.core.types import (
     Observation,
     Representation,
     ResponseFormat,
+    plain,
 )
 from env_server.reasoning import (
     JudgeItem,
@@ -49,6 +57,9 @@ from env_server.reasoning import (
 
 from .images import ImageCache, encode_image
 from .models import EnvSpec, ObservationReply, RewardParts, ServiceError, SessionReply
+
+log = logging.getLogger("visenv.worker")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s"
 
 
 @dataclass
@@ -94,20 +105,33 @@ class Worker:
         return cls
 
     def handle(self, op: str, payload: Any) -> Any:
-        if op == "frame":
-            return self._guard(self._frame, payload)
+        if op == "multi":  # requests coalesced into one message: answered in order
+            return [self._handle_one(sub_op, sub) for sub_op, sub in payload]
         handler = {
             "envs": self._env_spec,
             "create": self._create,
             "reset": self._reset,
             "step": self._step,
             "close": self._close,
+            "fork": self._fork,
+            "frame": self._frame,
         }[op]
-        return [self._guard(handler, item) for item in payload]
+        return [self._guard(op, handler, item) for item in payload]
 
-    @staticmethod
-    def _guard(handler, item):
-        """Run one item; any failure becomes that item's structured error."""
+    def _handle_one(self, op: str, payload: Any) -> Any:
+        """One request of a `multi` message; a malformed one fails alone."""
+        try:
+            return self.handle(op, payload)
+        except Exception as exc:  # a bug in the service
+            return ServiceError.internal(exc, f"op {op!r}", log)
+
+    def _guard(self, op: str, handler, item):
+        """Run one item; any failure becomes that item's structured error.
+
+        An unexpected exception (a bug) is INTERNAL with an error id that the logged
+        traceback carries; a create, reset or step that fails so leaves no session behind
+        (its environment is in an unknown state), and the service forgets it too.
+        """
         try:
             return handler(item)
         except ServiceError as exc:
@@ -118,10 +142,19 @@ class Worker:
             return ServiceError.from_validation(exc)
         except Exception as exc:  # a bug in an environment: INTERNAL for this item only
             where = traceback.extract_tb(exc.__traceback__)[-1]
-            return ServiceError(
-                "INTERNAL",
-                f"{type(exc).__name__}: {exc} (at {os.path.basename(where.filename)}:{where.lineno})",
-            )
+            place = f"{op} ({os.path.basename(where.filename)}:{where.lineno})"
+            error = ServiceError.internal(exc, place, log)
+            if op in ("create", "reset", "step"):
+                self._drop(item[0])
+            return error
+
+    def _drop(self, session_id: str) -> None:
+        session = self.sessions.pop(session_id, None)
+        if session is not None:
+            try:
+                session.env.close()
+            except Exception:  # closing a broken env may fail too; the session is gone
+                log.exception("closing the broken session %s failed", session_id)
 
     def _session(self, session_id: str) -> WorkerSession:
         try:
@@ -186,7 +219,7 @@ class Worker:
             seed=int(options.get("seed", 0)),
             obs=obs,
         )
-        self.sessions[session_id] = session
+        self.sessions[session_id] = session  # registered first: a failing reply drops it
         return self._reply(session_id, session, None, start=True)
 
     def _reset(self, item: tuple[str, int | None, str | None]) -> SessionReply:
@@ -288,6 +321,36 @@ class Worker:
         session.env.close()
         return None
 
+    def _fork(self, item: tuple[str, list[str]]) -> dict[str, Any]:
+        """New sessions in the source's exact state: a fresh instance of its environment
+        restored from one snapshot, the same counters, last observation and options."""
+        source_id, new_ids = item
+        source = self._session(source_id)
+        env = source.env
+        try:
+            snapshot = env.snapshot()
+        except NotImplementedError:
+            raise ServiceError(
+                "FAILED_PRECONDITION",
+                f"environment {source.env_name!r} can't snapshot its state, so its sessions "
+                "can't be forked",
+                "session_id",
+            ) from None
+        made: list[tuple[str, WorkerSession]] = []
+        try:
+            for new_id in new_ids:
+                fork_env = type(env)(env.config)
+                obs = copy.deepcopy(source.obs)
+                fork = dataclasses.replace(source, env=fork_env, obs=obs, images=ImageCache())
+                made.append((new_id, fork))
+                fork_env.restore(snapshot)
+        except BaseException:
+            for _, session in made:
+                session.env.close()
+            raise
+        self.sessions.update(made)
+        return {"tolerance": env.fork_tolerance}
+
     def _frame(self, session_id: str) -> bytes:
         session = self._session(session_id)
         if not session.obs.images:
@@ -322,15 +385,15 @@ class Worker:
             observation=ObservationReply(
                 text=text,
                 images=session.images.encode(obs.images, enc),
-                ground_truth=obs.ground_truth,
-                info=obs.info,
+                ground_truth=plain(obs.ground_truth, "ground_truth"),
+                info=plain(obs.info, "observation.info"),
             ),
             reward=parts.total,
             reward_parts=parts,
-            terminated=terminated,
-            truncated=truncated,
-            success=success,
-            info=info or {},
+            terminated=bool(terminated),
+            truncated=bool(truncated),
+            success=bool(success),
+            info=plain(info or {}, "info"),
             system_prompt=prompt,
         )
 
@@ -353,6 +416,7 @@ def worker_main(conn: Connection, index: int, env_paths: dict[str, str] | None =
     # (and if it dies, the pipe closes and we exit)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # stderr, as the server's
     worker = Worker()
     conn.send_bytes(pickle.dumps((0, ("ready", os.getpid()))))
     while True:
@@ -366,7 +430,7 @@ def worker_main(conn: Connection, index: int, env_paths: dict[str, str] | None =
         try:
             result = worker.handle(op, payload)
         except Exception as exc:  # a malformed message: a bug in the service
-            result = ServiceError("INTERNAL", f"worker {index}: {type(exc).__name__}: {exc}")
+            result = ServiceError.internal(exc, f"worker {index} op {op!r}", log)
         conn.send_bytes(pickle.dumps((request_id, result), protocol=pickle.HIGHEST_PROTOCOL))
     for session in worker.sessions.values():
         session.env.close()

@@ -326,20 +326,36 @@ def test_killed_worker_loses_only_its_sessions(start_visenv_server):
 
 
 def test_env_bug_is_internal_for_that_item_only(visenv_server):
+    """A bug in an environment: INTERNAL with an error id for that item, the traceback in
+    the server log under that id, the error counted, and the broken session gone (its env
+    is in an unknown state) while the other session goes on."""
     with visenv_server.client() as c:
         a = c.post("/v1/sessions", json={"env": "tiny"}).json()["session_id"]
         b = c.post("/v1/sessions", json={"env": "tiny"}).json()["session_id"]
+        before = c.get("/health").json()["sessions"]
         results = c.post("/v1/batch/step", json={"items": [
             {"session_id": a, "step_index": 0, "actions": [{"name": "Crash"}]},
             {"session_id": b, "step_index": 0, "actions": [{"name": "Right"}]},
         ]}).json()["results"]  # fmt: skip
-        assert results[0]["error"]["code"] == "INTERNAL"
-        assert "crashed on purpose" in results[0]["error"]["message"]
+        error = results[0]["error"]
+        assert error["code"] == "INTERNAL"
+        assert "crashed on purpose" in error["message"]
+        assert error["error_id"].startswith("err-") and error["error_id"] in error["message"]
         assert results[1]["ok"]
-        single = c.post(
-            f"/v1/sessions/{a}/step", json={"step_index": 0, "actions": [{"name": "Crash"}]}
-        )
-        assert single.status_code == 500
-        assert c.post(f"/v1/sessions/{a}/step", json={"step_index": 0, "actions": [
+        assert c.get("/health").json()["sessions"] == before - 1
+        gone = c.post(f"/v1/sessions/{a}/step", json={"step_index": 0, "actions": [
+            {"name": "Right"}]})  # fmt: skip
+        assert gone.status_code == 410
+        assert gone.json()["error"]["code"] == "SESSION_LOST"
+        assert error["error_id"] in gone.json()["error"]["message"]
+        assert c.post(f"/v1/sessions/{b}/step", json={"step_index": 1, "actions": [
             {"name": "Right"}]}).status_code == 200  # fmt: skip
+        assert 'visenv_errors_total{code="INTERNAL"}' in c.get("/metrics").text
+        deadline = time.monotonic() + 10
+        while not any(
+            error["error_id"] in line and "Traceback" in "".join(visenv_server.output)
+            for line in visenv_server.output
+        ):
+            assert time.monotonic() < deadline, "the traceback was not logged with the error id"
+            time.sleep(0.1)
         c.post("/v1/batch/close", json={"session_ids": [a, b]})
