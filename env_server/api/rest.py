@@ -11,6 +11,7 @@ the field; bodies over the limit are 413; a missing or wrong bearer token is 401
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -25,19 +26,27 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from env_server.service.models import (
     BatchClose,
     BatchCreate,
+    BatchFork,
+    BatchForkReplyDoc,
     BatchReplyDoc,
     BatchReset,
     BatchStep,
     CloseReplyDoc,
     ErrorReplyDoc,
+    ForkBody,
+    ForkReplyDoc,
     ResetBody,
     ServiceError,
     SessionOptions,
     SessionReplyDoc,
     StepBody,
     batch_item_json,
+    fork_item_json,
 )
 from env_server.service.service import EnvService
+
+from .compat.common import PREFIX as COMPAT_PREFIX
+from .compat.common import presented_token
 
 log = logging.getLogger("visenv.rest")
 STATIC = Path(__file__).parent / "static"
@@ -65,25 +74,56 @@ class GuardMiddleware:
 
     The body is read here (counting bytes whatever Content-Length claims) and replayed
     to the app, so an oversized body is refused with 413 before anything parses it.
+    WebSocket handshakes are checked too (refused with 401). The peers' adapters under
+    /compat/ also take the token as `X-API-Key` or `?token=` (VAGEN's client, browsers'
+    WebSockets), get their bodies' content types untouched (multipart), and their
+    `.../health` is open; `open_prefixes` are served without a token (the VAGEN legacy
+    adapter, whose client sends none, when the operator enables it).
     """
 
-    def __init__(self, app: ASGIApp, token: str | None, max_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        token: str | None,
+        max_bytes: int,
+        open_prefixes: tuple[str, ...] = (),
+    ) -> None:
         self.app = app
         self.token = token.encode() if token else None
         self.max_bytes = max_bytes
+        self.open_prefixes = open_prefixes
+
+    def _is_open(self, path: str) -> bool:
+        if path.startswith(OPEN_PATHS + self.open_prefixes):
+            return True
+        return path.startswith(COMPAT_PREFIX) and path.endswith("/health")
+
+    def _authorized(self, scope: Scope, headers: dict[bytes, bytes]) -> bool:
+        assert self.token is not None
+        if scope["path"].startswith(COMPAT_PREFIX):
+            given = presented_token(headers, scope.get("query_string", b""))
+        else:
+            scheme, _, bearer = headers.get(b"authorization", b"").partition(b" ")
+            given = bearer.strip() if scheme.lower() == b"bearer" else None
+        return given is not None and hmac.compare_digest(given, self.token)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
-        if self.token is not None and not scope["path"].startswith(OPEN_PATHS):
-            auth = headers.get(b"authorization", b"")
-            scheme, _, given = auth.partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.token):
+        compat = scope["path"].startswith(COMPAT_PREFIX)
+        if self.token is not None and not self._is_open(scope["path"]):
+            if not self._authorized(scope, headers):
                 error = ServiceError(
-                    "UNAUTHENTICATED", "this server needs 'Authorization: Bearer <token>'"
+                    "UNAUTHENTICATED",
+                    "this server needs 'Authorization: Bearer <token>'"
+                    + (" (or 'X-API-Key: <token>', or ?token=<token>)" if compat else ""),
                 )
+                if scope["type"] == "websocket":
+                    return await _refuse_websocket(scope, receive, send, error)
                 return await error_response(error)(scope, receive, send)
+        if scope["type"] == "websocket":
+            return await self.app(scope, receive, send)
         too_large = ServiceError(
             "PAYLOAD_TOO_LARGE", f"request body over the limit of {self.max_bytes} bytes"
         )
@@ -106,7 +146,7 @@ class GuardMiddleware:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        if b"json" not in headers.get(b"content-type", b""):  # e.g. `curl -d '{...}'`
+        if not compat and b"json" not in headers.get(b"content-type", b""):  # `curl -d '{..}'`
             scope = dict(scope)
             scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
             scope["headers"].append((b"content-type", b"application/json"))
@@ -151,6 +191,26 @@ class InternalErrorMiddleware:
                 await error_response(error)(scope, receive, send)
 
 
+async def _refuse_websocket(
+    scope: Scope, receive: Receive, send: Send, error: ServiceError
+) -> None:
+    """Refuse a WebSocket handshake: HTTP 401 with the error body where the server can send
+    one (the ASGI websocket.http.response extension), else close with policy violation."""
+    await receive()  # websocket.connect
+    if "websocket.http.response" in scope.get("extensions", {}):
+        body = json.dumps({"error": error.to_json()}).encode()
+        await send(
+            {
+                "type": "websocket.http.response.start",
+                "status": error.http_status,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": 1008, "reason": error.message[:120]})
+
+
 def _validation_error(exc: RequestValidationError) -> ServiceError:
     err = exc.errors()[0]
     loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "path", "query")]
@@ -161,7 +221,10 @@ def _validation_error(exc: RequestValidationError) -> ServiceError:
 
 
 def build_app(
-    service: EnvService, token: str | None = None, max_request_bytes: int = 8 << 20
+    service: EnvService,
+    token: str | None = None,
+    max_request_bytes: int = 8 << 20,
+    open_prefixes: tuple[str, ...] = (),
 ) -> FastAPI:
     """The FastAPI app over a started `service` (the caller starts and stops it)."""
     app = FastAPI(
@@ -170,7 +233,9 @@ def build_app(
         description="Visual environments for multi-turn RL of vision-language agents. "
         "Wire shapes: docs/wire.md. Play by hand at /play.",
     )
-    app.add_middleware(GuardMiddleware, token=token, max_bytes=max_request_bytes)
+    app.add_middleware(
+        GuardMiddleware, token=token, max_bytes=max_request_bytes, open_prefixes=open_prefixes
+    )
     app.add_middleware(InternalErrorMiddleware, metrics=service.metrics)  # the outermost
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
@@ -180,7 +245,12 @@ def build_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _on_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = CODE_OF_STATUS.get(exc.status_code, "INTERNAL")
+        if exc.status_code == 400:  # e.g. a body that is not UTF-8: the wire's 422
+            return error_response(
+                ServiceError("INVALID_ARGUMENT", f"malformed request body: {exc.detail}")
+            )
+        fallback = "INTERNAL" if exc.status_code >= 500 else "INVALID_ARGUMENT"
+        code = CODE_OF_STATUS.get(exc.status_code, fallback)
         return JSONResponse(
             {"error": {"code": code, "message": str(exc.detail), "field": None}},
             status_code=exc.status_code,
@@ -233,6 +303,20 @@ def build_app(
         item = {"session_id": session_id, **body.model_dump(exclude_none=True)}
         return one((await service.step([item]))[0])
 
+    @app.post(
+        "/v1/sessions/{session_id}/fork",
+        tags=["sessions"],
+        summary="Fork a session: n new sessions in its exact state",
+        response_model=None,
+        responses={200: {"model": ForkReplyDoc}, **ERRORS},
+    )
+    async def fork(session_id: str, body: ForkBody | None = Body(None)) -> Response:
+        body = body or ForkBody()
+        result = (await service.fork([{"session_id": session_id, **body.model_dump()}]))[0]
+        if isinstance(result, ServiceError):
+            return error_response(result)
+        return JSONResponse({"replies": [r.to_json() for r in result]})
+
     @app.delete("/v1/sessions/{session_id}", tags=["sessions"])
     async def close(session_id: str) -> Response:
         error = (await service.close([session_id]))[0]
@@ -262,6 +346,16 @@ def build_app(
     @app.post("/v1/batch/step", tags=["batch"], **BATCH)
     async def batch_step(body: BatchStep) -> JSONResponse:
         return batch(await service.step(body.items))
+
+    @app.post(
+        "/v1/batch/fork",
+        tags=["batch"],
+        response_model=None,
+        responses={200: {"model": BatchForkReplyDoc}, **ERRORS},
+    )
+    async def batch_fork(body: BatchFork) -> JSONResponse:
+        results = await service.fork(body.items)
+        return JSONResponse({"results": [fork_item_json(r) for r in results]})
 
     @app.post(
         "/v1/batch/close",

@@ -1,14 +1,16 @@
 """A tiny real environment for service tests: a corridor of cells, reach the right end.
 
 It exists so the service can be tested for failure paths real environments should
-never take: the action `Crash` raises inside `step` (an environment bug) and `Exit`
-kills the worker process.
+never take: the action `Crash` raises inside `step` (an environment bug), `Exit`
+kills the worker process, `Hang` never returns (a stuck environment), seed 666 makes
+`reset` raise, and seed 667 puts an object no JSON can hold into the ground truth.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -27,7 +29,7 @@ from env_server.core import (
     Transition,
 )
 
-SPACE = ActionSpace(ActionKind.DISCRETE, ("Left", "Right", "Crash", "Exit"), max_per_turn=2)
+SPACE = ActionSpace(ActionKind.DISCRETE, ("Left", "Right", "Crash", "Exit", "Hang"), max_per_turn=2)
 CELL = 8
 
 
@@ -42,6 +44,9 @@ class TinyEnv(Environment):
     action_space = SPACE  # class attribute: no instance needed to list it
 
     def reset(self, seed: int) -> Observation:
+        if seed == 666:
+            raise RuntimeError("tiny env failed to reset on purpose")
+        self.unencodable = seed == 667
         self.pos = int(seed) % (self.config.length - 1)
         self.turns = 0
         return self._obs()
@@ -62,6 +67,9 @@ class TinyEnv(Environment):
                 raise RuntimeError("tiny env crashed on purpose")
             if action.name == "Exit":
                 os._exit(3)
+            if action.name == "Hang":
+                while True:
+                    time.sleep(0.05)
             if action.name not in ("Left", "Right"):
                 invalid.append(f"{action.name}: unknown action")
                 break
@@ -80,7 +88,10 @@ class TinyEnv(Environment):
         )
 
     def ground_truth(self) -> dict[str, Any]:
-        return {"player": [0, self.pos], "goal": [0, self.config.length - 1]}
+        state = {"player": [0, self.pos], "goal": [0, self.config.length - 1]}
+        if getattr(self, "unencodable", False):
+            state["thing"] = object()
+        return state
 
     def describe(self, state: dict[str, Any], representation: Representation) -> str:
         if representation == Representation.STRUCTURED:
