@@ -90,6 +90,15 @@ def serve(
             show_default="none",
         ),
     ] = None,
+    vagen_legacy: Annotated[
+        bool | None,
+        typer.Option(
+            "--vagen-legacy",
+            help="Also serve VAGEN's legacy batch API at /compat/vagen-legacy. Its client sends "
+            "no credentials, so those routes take no token: only on a trusted network.",
+            show_default="off",
+        ),
+    ] = None,
 ) -> None:  # fmt: on
     """Serve every enabled environment over HTTP and gRPC from one process.
 
@@ -110,6 +119,7 @@ def serve(
         "max_sessions": max_sessions,
         "token": token,
         "upstreams": upstream or None,
+        "vagen_legacy": vagen_legacy,
     }
     try:
         settings = Settings(**{k: v for k, v in given.items() if v is not None})

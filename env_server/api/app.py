@@ -24,6 +24,7 @@ from env_server.service.service import EnvService
 from env_server.service.settings import Settings
 from env_server.service.worker import LOG_FORMAT
 
+from .compat import LEGACY_PREFIX, add_compat_routes
 from .rest import build_app
 
 log = logging.getLogger("visenv.serve")
@@ -70,7 +71,15 @@ async def serve(settings: Settings, announce: Callable[[str], None] = print) -> 
     await service.start()
     grpc_server = None
     try:
-        app = build_app(service, settings.token, settings.max_request_bytes)
+        legacy = (LEGACY_PREFIX,) if settings.vagen_legacy else ()
+        app = build_app(service, settings.token, settings.max_request_bytes, open_prefixes=legacy)
+        add_compat_routes(
+            app,
+            service,
+            max_sessions=settings.max_sessions,
+            idle_timeout=settings.idle_timeout,
+            vagen_legacy=settings.vagen_legacy,
+        )
         http_sock = _bind(settings.host, settings.port)
         http_port = http_sock.getsockname()[1]
         config = uvicorn.Config(
@@ -79,6 +88,7 @@ async def serve(settings: Settings, announce: Callable[[str], None] = print) -> 
             access_log=False,
             timeout_graceful_shutdown=5,
             lifespan="off",
+            ws_max_size=settings.max_request_bytes,  # OpenEnv's WebSocket messages
         )
         server = uvicorn.Server(config)
         server.install_signal_handlers = lambda: None  # type: ignore[method-assign]

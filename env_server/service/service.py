@@ -667,7 +667,8 @@ class EnvService:
         async def run(worker: WorkerHandle, group: list[tuple[int, Session, list[Session]]]):
             try:
                 payload = [(source.id, [f.id for f in forks]) for _, source, forks in group]
-                answers = await self._call(worker, "fork", payload)
+                envs = [source.env for _, source, _ in group]
+                answers = await self._call(worker, "fork", payload, envs)
                 for (pos, source, forks), answer in zip(group, answers, strict=True):
                     if isinstance(answer, ServiceError):
                         results[pos] = answer
@@ -690,13 +691,14 @@ class EnvService:
         assert source.last_reply is not None
         if source.reasoning.guard.enabled:
             fork.guard = self._guard_of(source).copy()
-        fork.last_reply = dataclasses.replace(source.last_reply, session_id=fork.id)
         tolerance = answer.get("tolerance")
         info = {
-            **fork.last_reply.info,
+            **source.last_reply.info,
             "fork": {"source": source.id, "exact": tolerance is None, "tolerance": tolerance},
         }
-        return dataclasses.replace(fork.last_reply, info=info)
+        # also what a get() or a retry of the source's last step answers on the fork
+        fork.last_reply = dataclasses.replace(source.last_reply, session_id=fork.id, info=info)
+        return fork.last_reply
 
     def _guard_of(self, session: Session) -> ResponseGuard:
         """The session's reasoning guard: a fork's own copy, else the one of its config."""

@@ -60,6 +60,12 @@ class Settings(BaseSettings):
     lost_memory: int = Field(
         100_000, ge=0, description="Lost session ids remembered to answer SESSION_LOST."
     )
+    vagen_legacy: bool = Field(
+        False,
+        description="Serve VAGEN's legacy batch API at /compat/vagen-legacy. Its client sends no "
+        "credentials, so those routes take no token: anyone who reaches the port can open "
+        "sessions (up to the cap). Enable only on a trusted network.",
+    )
     coalesce_window: float = Field(
         0.0,
         ge=0,
