@@ -152,6 +152,7 @@ class AsyncEnvClient:
         keys: Sequence[str],
         call: Callable[[Transport, list[int]], Awaitable[list[Any]]],
         lost: Callable[[Transport, ConnectionFailure], VisenvError],
+        idempotent: bool = True,
     ) -> list[Any]:
         """Group items by their session's server, send one batch per server concurrently,
         and put the per-item results back in order."""
@@ -166,7 +167,7 @@ class AsyncEnvClient:
         async def one(server_idx: int, positions: list[int]) -> None:
             server = self._servers[server_idx]
             try:
-                out = await self._retrying(lambda: call(server, positions))
+                out = await self._retrying(lambda: call(server, positions), idempotent)
             except ConnectionFailure as exc:
                 out = [lost(server, exc)] * len(positions)
             except VisenvError as exc:  # the whole call failed (timeout, token): each item's error
@@ -425,6 +426,45 @@ class AsyncEnvClient:
             self._next_step.pop(sid, None)
         return results
 
+    async def fork(self, session_id: str, n: int = 1) -> list[SessionReply]:
+        """`n` new sessions in the exact state of `session_id`, on its server: their
+        replies (the source's last reply under each fork's id; `info["fork"]` says whether
+        the copy is exact, or the environment's tolerance). The fork is refused whole
+        (e.g. `CapacityError` when n sessions don't fit); that error is raised."""
+        (result,) = await self.fork_many([session_id], n, return_exceptions=True)
+        if isinstance(result, VisenvError):
+            raise result
+        return result
+
+    async def fork_many(
+        self,
+        session_ids: str | Sequence[str],
+        n: int | Sequence[int] = 1,
+        *,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """Fork many sessions (`n` forks each, or one count per session) in one batch per
+        server; answers a list of fork replies per session (or its error, in place with
+        `return_exceptions=True`). Not retried once sent: a fork makes sessions."""
+        ids = _as_list(session_ids)
+        counts = [n] * len(ids) if isinstance(n, int) else list(n)
+        if len(counts) != len(ids):
+            raise ValueError(f"{len(ids)} sessions but {len(counts)} fork counts")
+        results = await self._per_server(
+            ids,
+            lambda server, pos: server.fork([(ids[p], counts[p]) for p in pos]),
+            self._lost,
+            idempotent=False,
+        )
+        for sid, result in zip(ids, results, strict=True):
+            server_idx = self._server_of.get(sid)
+            if isinstance(result, list) and server_idx is not None:
+                for reply in result:
+                    self._server_of[reply.session_id] = server_idx
+                    self._next_step[reply.session_id] = reply.step_index
+        self._forget_lost(ids, results)
+        return results if return_exceptions else _raise_first(results)
+
     async def run_episodes(
         self, policy: Any, env: str, seeds: Sequence[int], **kwargs: Any
     ) -> list[Any]:
@@ -525,6 +565,14 @@ class EnvClient:
 
     def close(self, session_ids: str | Sequence[str]) -> list[VisenvError | None]:
         return self._loop.run(self._client.close(session_ids))
+
+    def fork(self, session_id: str, n: int = 1) -> list[SessionReply]:
+        return self._loop.run(self._client.fork(session_id, n))
+
+    def fork_many(
+        self, session_ids: str | Sequence[str], n: int | Sequence[int] = 1, **kw: Any
+    ) -> list[Any]:
+        return self._loop.run(self._client.fork_many(session_ids, n, **kw))
 
     def run_episodes(self, policy: Any, env: str, seeds: Sequence[int], **kwargs: Any) -> list[Any]:
         """Run whole episodes in batches; see `clients.rollout.run_episodes`."""

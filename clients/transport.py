@@ -32,6 +32,7 @@ from .types import (
 )
 
 ItemResult = SessionReply | VisenvError
+ForkResult = list[SessionReply] | VisenvError  # a fork item is answered whole
 
 # gRPC status -> wire code, for whole-call errors that carry no visenv code of their own
 _GRPC_TO_CODE = {
@@ -105,6 +106,10 @@ class Transport(ABC):
 
     @abstractmethod
     async def close(self, session_ids: list[str]) -> list[VisenvError | None]: ...
+
+    @abstractmethod
+    async def fork(self, items: list[tuple[str, int]]) -> list[ForkResult]:
+        """(session_id, n) items: each answers its n forks' replies, or one error."""
 
     @abstractmethod
     async def aclose(self) -> None: ...
@@ -219,6 +224,16 @@ class HttpTransport(Transport):
     async def close(self, session_ids: list[str]) -> list[VisenvError | None]:
         data = await self._call("POST", "/v1/batch/close", {"session_ids": list(session_ids)})
         return [None if r.get("ok") else _json_error(r.get("error") or {}) for r in data["results"]]
+
+    async def fork(self, items: list[tuple[str, int]]) -> list[ForkResult]:
+        body = {"items": [{"session_id": sid, "n": n} for sid, n in items]}
+        data = await self._call("POST", "/v1/batch/fork", body)
+        return [
+            [SessionReply.from_json(r, server=self.address) for r in item["replies"]]
+            if item.get("ok")
+            else _json_error(item.get("error") or {})
+            for item in data["results"]
+        ]
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -338,6 +353,16 @@ class GrpcTransport(Transport):
     async def close(self, session_ids: list[str]) -> list[VisenvError | None]:
         resp = await self._call("Close", pb.CloseRequest(session_ids=session_ids))
         return [None if r.ok else error_from_proto(r.error) for r in resp.results]
+
+    async def fork(self, items: list[tuple[str, int]]) -> list[ForkResult]:
+        req = pb.ForkRequest(items=[pb.ForkItem(session_id=sid, n=n) for sid, n in items])
+        resp = await self._call("Fork", req)
+        return [
+            [reply_from_proto(r, self.address) for r in item.forks.replies]
+            if item.HasField("forks")
+            else error_from_proto(item.error)
+            for item in resp.results
+        ]
 
     async def aclose(self) -> None:
         await self._channel.close()

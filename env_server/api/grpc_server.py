@@ -111,6 +111,13 @@ def step_item(s: pb.StepItem) -> dict[str, Any]:
     return item
 
 
+def fork_item(f: pb.ForkItem) -> dict[str, Any]:
+    item: dict[str, Any] = {"session_id": f.session_id}
+    if f.HasField("n"):
+        item["n"] = f.n
+    return item
+
+
 # ---- service replies -> proto --------------------------------------------------------
 
 
@@ -164,6 +171,19 @@ def batch_proto(results: Sequence[SessionReply | ServiceError]) -> pb.BatchRespo
             out.results.add(error=error_proto(r))
         else:
             fill_reply(out.results.add().reply, r)
+    return out
+
+
+def fork_proto(results: Sequence[list[SessionReply] | ServiceError]) -> pb.ForkResponse:
+    out = pb.ForkResponse()
+    for r in results:
+        if isinstance(r, ServiceError):
+            out.results.add(error=error_proto(r))
+        else:
+            forks = out.results.add().forks
+            forks.SetInParent()
+            for reply in r:
+                fill_reply(forks.replies.add(), reply)
     return out
 
 
@@ -279,6 +299,12 @@ class VisenvServicer(pb_grpc.VisenvServicer):
             else:
                 out.results.add(ok=False, error=error_proto(err))
         return out
+
+    @_guarded
+    async def Fork(
+        self, request: pb.ForkRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ForkResponse:
+        return fork_proto(await _per_item(request.items, fork_item, self.service.fork))
 
     @_guarded
     async def Status(

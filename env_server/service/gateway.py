@@ -38,6 +38,7 @@ from .metrics import Metrics
 from .models import (
     EncodedImage,
     EnvSpec,
+    ForkItem,
     ObservationReply,
     ResetItem,
     RewardParts,
@@ -252,6 +253,8 @@ class GatewayService:
                     answer = _error(answer)
                 elif isinstance(answer, ct.SessionReply):
                     answer = _reply(answer)
+                elif isinstance(answer, list):  # a fork item's replies
+                    answer = [_reply(r) for r in answer]
                 results[i] = answer
 
         await asyncio.gather(*(one(a, idx) for a, idx in groups.items()))
@@ -316,6 +319,25 @@ class GatewayService:
         for sid, result in zip(session_ids, results, strict=True):
             if result is None or (isinstance(result, ServiceError) and result.code != "NOT_FOUND"):
                 self._forget(sid)
+        return results  # type: ignore[return-value]
+
+    async def fork(
+        self, items: Sequence[ForkItem | dict]
+    ) -> list[list[SessionReply] | ServiceError]:
+        """Forks are made by the source's upstream (on its worker) and stay there."""
+        routed: list[tuple[str | ServiceError, Any]] = []
+        for i, item in enumerate(items):
+            req = _validate(ForkItem, item, i)
+            if isinstance(req, ServiceError):
+                routed.append((req, None))
+            else:
+                routed.append((self._server_of(req.session_id), (req.session_id, req.n)))
+        results = await self._checked(await self._fan_out(routed, "fork"), routed)
+        for (where, _), result in zip(routed, results, strict=True):
+            if isinstance(result, list):
+                for reply in result:
+                    self._session_server[reply.session_id] = where
+                    self._load[where] += 1
         return results  # type: ignore[return-value]
 
     async def _checked(self, results: list[Result | None], routed: list) -> list[Result]:
