@@ -21,6 +21,32 @@ from .client import AsyncEnvClient
 from .openai_policy import OpenAIPolicy
 from .rollout import Trajectory, run_episodes
 
+# Level seeds. A training run with `run.seed` s plays levels s * SEEDS_PER_RUN + i; an
+# evaluation with seed s plays EVAL_SEED_BASE + s * SEEDS_PER_RUN + i. With s <= MAX_RUN_SEED
+# and i < SEEDS_PER_RUN the two ranges never meet, so `visenv eval --seed 0` is held out
+# from a `run.seed=0` training run (VAGEN and RAGEN keep train and validation seeds apart).
+SEEDS_PER_RUN = 1_000_000
+MAX_RUN_SEED = 999
+EVAL_SEED_BASE = (MAX_RUN_SEED + 1) * SEEDS_PER_RUN
+
+
+def train_level_seed(run_seed: int, index: int) -> int:
+    """The level seed of a training run's `index`-th level."""
+    if not (0 <= run_seed <= MAX_RUN_SEED and 0 <= index < SEEDS_PER_RUN):
+        raise ValueError(
+            f"run seed must be 0..{MAX_RUN_SEED} and level index 0..{SEEDS_PER_RUN - 1}"
+        )
+    return run_seed * SEEDS_PER_RUN + index
+
+
+def eval_level_seeds(seed: int, episodes: int) -> range:
+    """The held-out level seeds of an evaluation: disjoint from every training run's."""
+    if not (0 <= seed <= MAX_RUN_SEED and 0 < episodes <= SEEDS_PER_RUN):
+        raise ValueError(f"eval seed must be 0..{MAX_RUN_SEED} and episodes 1..{SEEDS_PER_RUN}")
+    first = EVAL_SEED_BASE + seed * SEEDS_PER_RUN
+    return range(first, first + episodes)
+
+
 PARTS = ("env", "format", "observation", "prediction", "penalty")
 SCORES = ("observation_score", "prediction_score")
 

@@ -12,6 +12,13 @@ fails (its server died: `SessionLost`) either stops the whole run (`on_error="ra
 or is returned with `error` set and the others go on (`on_error="record"`); it never
 gets a made-up reward. A policy may likewise answer a `VisenvError` in place of one
 episode's text (its model failed for that episode): that episode fails the same way.
+
+Groups and branches (both through session fork, so every member starts from exactly the
+same state, even where a reset is not seed-deterministic):
+
+    groups = client.run_episodes(policy, "sokoban", seeds=range(16), group_size=8)
+    # 8 more episodes that share groups[0]'s first 2 turns and continue from its state there
+    branches = await run_branches(client, policy, groups[0], turn=2, n=8)
 """
 
 from __future__ import annotations
@@ -26,11 +33,18 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from .errors import VisenvError
+from .errors import FailedPrecondition, VisenvError
 from .types import Image, Observation, RewardParts, SessionOptions, SessionReply
 
 if TYPE_CHECKING:
     from .client import AsyncEnvClient
+
+
+# failures worth running an episode again for: its session was lost (a worker died),
+# the server could not be reached, or a call ran past its deadline. Anything else (a bad
+# argument, a refused config, a policy that failed after its own retries) fails the
+# same way again, so it is surfaced with its error instead.
+TRANSIENT = frozenset({"SESSION_LOST", "UNAVAILABLE", "DEADLINE_EXCEEDED"})
 
 
 @dataclass
@@ -57,9 +71,11 @@ class Trajectory:
     """One whole episode. `error` is set (and the episode cut short) when its session
     failed; such an episode's rewards are not to be trained on."""
 
-    episode: int  # position in the seeds given to run_episodes
+    episode: int  # position in the trajectories run_episodes returns
     env: str
     seed: int
+    group: int = 0  # position of its seed in the seeds given (group_size members share it)
+    branched_at: int | None = None  # run_branches: the turn it left its source at
     session_id: str = ""
     server: str = ""
     system_prompt: str = ""
@@ -73,6 +89,11 @@ class Trajectory:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def retryable(self) -> bool:
+        """Failed for a reason that running the episode again may cure (see TRANSIENT)."""
+        return self.error is not None and self.error.code in TRANSIENT
 
     @property
     def total_reward(self) -> float:
@@ -89,6 +110,9 @@ class PolicyInput:
     system_prompt: str
     observation: Observation
     history: list[Turn]  # this episode's earlier turns
+    # the response must start with this text (a fixed reasoning prefix: run_branches);
+    # the policy answers the whole response, prefix included
+    response_prefix: str = ""
 
     @property
     def prompt(self) -> str:
@@ -146,6 +170,7 @@ def _content(text: str, images: Sequence[Image]) -> list[dict[str, Any]]:
 class _Live:
     traj: Trajectory
     reply: SessionReply  # the session's latest reply (the observation to act on)
+    prefix: str = ""  # the next response's fixed start (run_branches)
 
 
 async def _call_policy(policy: Policy, batch: list[PolicyInput]) -> list[str | VisenvError]:
@@ -158,7 +183,88 @@ async def _call_policy(policy: Policy, batch: list[PolicyInput]) -> list[str | V
             f"the policy must return {len(batch)} strings (or VisenvErrors), one per input; "
             f"got {out!r:.200}"
         )
+    for inp, text in zip(batch, out, strict=True):
+        if isinstance(text, str) and not text.startswith(inp.response_prefix):
+            raise ValueError(
+                f"the policy's response for episode {inp.episode} must start with its "
+                f"response_prefix {inp.response_prefix[:80]!r}; got {text[:80]!r}"
+            )
     return out
+
+
+async def _play_turn(
+    client: AsyncEnvClient,
+    policy: Policy,
+    live: dict[str, _Live],
+    max_turns: int | None,
+    fail: Callable[[Trajectory, VisenvError], None],
+    finished: Callable[[], None],
+) -> list[str]:
+    """One turn of every live episode: one policy call, one batched step. Finished or
+    failed episodes leave `live`; the ids of their sessions (free to reuse or close)."""
+    sids = list(live)
+    batch = [
+        PolicyInput(
+            episode=live[s].traj.episode,
+            seed=live[s].traj.seed,
+            turn=len(live[s].traj.turns),
+            system_prompt=live[s].traj.system_prompt,
+            observation=live[s].reply.observation,
+            history=live[s].traj.turns,
+            response_prefix=live[s].prefix,
+        )
+        for s in sids
+    ]
+    t0 = time.perf_counter()
+    answers = await _call_policy(policy, batch)
+    t1 = time.perf_counter()
+    freed: list[str] = []
+    for sid, answer in zip(list(sids), answers, strict=True):
+        live[sid].prefix = ""
+        if isinstance(answer, VisenvError):  # the policy failed for this episode
+            fail(live[sid].traj, answer)  # raises here when on_error="raise"
+            del live[sid]
+            freed.append(sid)  # its session is reused or closed by the caller
+    keep = [i for i, a in enumerate(answers) if isinstance(a, str)]
+    sids = [sids[i] for i in keep]
+    batch = [batch[i] for i in keep]
+    responses = [str(answers[i]) for i in keep]
+    results = await client.step(sids, responses, return_exceptions=True) if sids else []
+    t2 = time.perf_counter()
+
+    for sid, inp, response, result in zip(sids, batch, responses, results, strict=True):
+        state = live[sid]
+        traj = state.traj
+        if isinstance(result, VisenvError):
+            del live[sid]
+            fail(traj, result)
+            continue
+        traj.turns.append(
+            Turn(
+                prompt=inp.prompt,
+                images=inp.observation.images,
+                ground_truth=inp.observation.ground_truth,
+                response=response,
+                reward=result.reward,
+                reward_parts=result.reward_parts,
+                terminated=result.terminated,
+                truncated=result.truncated,
+                success=result.success,
+                info=result.info,
+                policy_seconds=t1 - t0,
+                step_seconds=t2 - t1,
+            )
+        )
+        state.reply = result
+        traj.final_observation = result.observation
+        cut = max_turns is not None and len(traj.turns) >= max_turns
+        if result.done or cut:
+            traj.terminated, traj.success = result.terminated, result.success
+            traj.truncated = result.truncated or (cut and not result.done)
+            del live[sid]
+            freed.append(sid)
+            finished()
+    return freed
 
 
 async def run_episodes(
@@ -176,28 +282,41 @@ async def run_episodes(
     concurrency: int | None = None,
     on_error: str = "raise",
     progress: bool | None = None,
+    group_size: int = 1,
 ) -> list[Trajectory]:
-    """Run one episode per seed and return their trajectories, in the order of `seeds`.
+    """Run `group_size` episodes per seed and return their trajectories, in the order of
+    `seeds` (a seed's group together).
 
     policy: takes a list of PolicyInput (one per live episode) and returns one response
         text per input; plain or async.
     max_turns: stop an episode after this many turns (marked truncated); None: the env's limit.
     concurrency: at most this many sessions (live episodes) at once; None: all seeds at once.
+        A group needs group_size of them, so at least one group runs whatever it says.
     on_error: "raise" stops at the first failed session (closing the others) and raises
         it; "record" stores the error in that trajectory and runs the rest to the end.
     progress: a progress bar over finished episodes; None shows it only on a terminal.
+    group_size: k episodes per seed from one state: a session per seed is created (or a
+        finished one reset), then forked k-1 times (`AsyncEnvClient.fork`). A group whose
+        session or fork fails fails whole (each member carries the error).
     """
     if on_error not in ("raise", "record"):
         raise ValueError("on_error must be 'raise' or 'record'")
+    if group_size < 1:
+        raise ValueError("group_size must be at least 1")
     seeds = list(seeds)
-    trajs = [Trajectory(episode=i, env=env, seed=s) for i, s in enumerate(seeds)]
+    k = group_size
+    trajs = [
+        Trajectory(episode=g * k + j, env=env, seed=s, group=g)
+        for g, s in enumerate(seeds)
+        for j in range(k)
+    ]
     if not seeds:
         return trajs
-    slots = min(len(seeds), concurrency or len(seeds))
-    waiting = list(range(slots, len(seeds)))[::-1]  # a stack: pop() gives the next episode
+    slots = max(k, min(len(trajs), concurrency or len(trajs)))  # sessions at once
+    waiting = list(range(len(seeds)))[::-1]  # a stack of groups: pop() gives the next one
     live: dict[str, _Live] = {}
     show = progress if progress is not None else sys.stderr.isatty()
-    bar = tqdm(total=len(seeds), desc=f"{env} episodes", disable=not show, leave=False)
+    bar = tqdm(total=len(trajs), desc=f"{env} episodes", disable=not show, leave=False)
 
     def start(traj: Trajectory, result: SessionReply | VisenvError) -> None:
         if isinstance(result, VisenvError):
@@ -214,110 +333,66 @@ async def run_episodes(
         if on_error == "raise":
             raise err
 
-    def options(episode: int) -> SessionOptions:
+    def options(group: int) -> SessionOptions:
         return SessionOptions(
             env=env,
             config=config or {},
-            seed=seeds[episode],
+            seed=seeds[group],
             format=format,
             representation=representation,
             reasoning=reasoning or {},
             image_encoding=image_encoding,
         )
 
+    async def start_groups(groups: list[int], replies: list[Any]) -> None:
+        """The groups' first sessions are made (or reset): fork each k-1 times."""
+        made = [(g, r) for g, r in zip(groups, replies, strict=True) if isinstance(r, SessionReply)]
+        forks: list[Any] = [[] for _ in made]
+        if k > 1 and made:
+            ids = [r.session_id for _, r in made]
+            forks = await client.fork_many(ids, k - 1, return_exceptions=True)
+        failed = [
+            (g, r) for g, r in zip(groups, replies, strict=True) if not isinstance(r, SessionReply)
+        ]
+        for (g, first), forked in zip(made, forks, strict=True):
+            if isinstance(forked, VisenvError):
+                await client.close([first.session_id])
+                failed.append((g, forked))
+                continue
+            for traj, reply in zip(trajs[g * k : (g + 1) * k], [first, *forked], strict=True):
+                start(traj, reply)
+        for g, error in failed:
+            for traj in trajs[g * k : (g + 1) * k]:
+                fail(traj, error)
+
     async def refill(freed: list[str]) -> None:
-        """Reset freed sessions for waiting episodes, open new sessions for slots whose
-        session failed, close what is left over."""
-        reuse = [(sid, trajs[waiting.pop()]) for sid in freed[: len(waiting)]]
+        """Start waiting groups while there is room (reusing freed sessions: reset with the
+        group's seed), close what is left over."""
+        room = (slots - len(live)) // k
+        groups = [waiting.pop() for _ in range(min(len(waiting), room))]
+        reuse = list(zip(freed, groups, strict=False))  # as many as both have
+        fresh = groups[len(reuse) :]
         unused = freed[len(reuse) :]
         if reuse:
             replies = await client.reset(
-                [sid for sid, _ in reuse], [t.seed for _, t in reuse], return_exceptions=True
+                [sid for sid, _ in reuse], [seeds[g] for _, g in reuse], return_exceptions=True
             )
-            for (_, traj), result in zip(reuse, replies, strict=True):
-                start(traj, result)
-        fresh = [trajs[waiting.pop()] for _ in range(min(len(waiting), slots - len(live)))]
+            await start_groups([g for _, g in reuse], replies)
         if fresh:
-            replies = await client.create(
-                [options(t.episode) for t in fresh], return_exceptions=True
-            )
-            for traj, result in zip(fresh, replies, strict=True):
-                start(traj, result)
+            replies = await client.create([options(g) for g in fresh], return_exceptions=True)
+            await start_groups(fresh, replies)
         if unused:
             await client.close(unused)
 
     try:
-        for i, result in enumerate(
-            await client.create([options(i) for i in range(slots)], return_exceptions=True)
-        ):
-            start(trajs[i], result)
-        await refill([])  # sessions that could not be created: try the next waiting episodes
-
+        await refill([])
         while live or waiting:
             if not live:
                 await refill([])
                 continue
-            sids = list(live)
-            batch = [
-                PolicyInput(
-                    episode=live[s].traj.episode,
-                    seed=live[s].traj.seed,
-                    turn=len(live[s].traj.turns),
-                    system_prompt=live[s].traj.system_prompt,
-                    observation=live[s].reply.observation,
-                    history=live[s].traj.turns,
-                )
-                for s in sids
-            ]
-            t0 = time.perf_counter()
-            answers = await _call_policy(policy, batch)
-            t1 = time.perf_counter()
-            freed: list[str] = []
-            for sid, answer in zip(list(sids), answers, strict=True):
-                if isinstance(answer, VisenvError):  # the policy failed for this episode
-                    fail(live[sid].traj, answer)  # raises here when on_error="raise"
-                    del live[sid]
-                    freed.append(sid)  # its session is reused or closed by refill
-            keep = [i for i, a in enumerate(answers) if isinstance(a, str)]
-            sids = [sids[i] for i in keep]
-            batch = [batch[i] for i in keep]
-            responses = [str(answers[i]) for i in keep]
-            results = await client.step(sids, responses, return_exceptions=True) if sids else []
-            t2 = time.perf_counter()
-
-            for sid, inp, response, result in zip(sids, batch, responses, results, strict=True):
-                state = live[sid]
-                traj = state.traj
-                if isinstance(result, VisenvError):
-                    del live[sid]
-                    fail(traj, result)
-                    continue
-                traj.turns.append(
-                    Turn(
-                        prompt=inp.prompt,
-                        images=inp.observation.images,
-                        ground_truth=inp.observation.ground_truth,
-                        response=response,
-                        reward=result.reward,
-                        reward_parts=result.reward_parts,
-                        terminated=result.terminated,
-                        truncated=result.truncated,
-                        success=result.success,
-                        info=result.info,
-                        policy_seconds=t1 - t0,
-                        step_seconds=t2 - t1,
-                    )
-                )
-                state.reply = result
-                traj.final_observation = result.observation
-                cut = max_turns is not None and len(traj.turns) >= max_turns
-                if result.done or cut:
-                    traj.terminated, traj.success = result.terminated, result.success
-                    traj.truncated = result.truncated or (cut and not result.done)
-                    del live[sid]
-                    freed.append(sid)
-                    bar.update(1)
-
+            freed = await _play_turn(
+                client, policy, live, max_turns, fail, lambda: bar.update(1)
+            )
             await refill(freed)
     except BaseException:
         if live:
@@ -326,3 +401,104 @@ async def run_episodes(
     finally:
         bar.close()
     return trajs
+
+
+async def run_branches(
+    client: AsyncEnvClient,
+    policy: Policy,
+    source: Trajectory,
+    turn: int,
+    n: int,
+    *,
+    session_id: str | None = None,
+    response_prefix: str = "",
+    config: dict[str, Any] | None = None,
+    format: str | None = None,
+    representation: str | None = None,
+    reasoning: dict[str, Any] | None = None,
+    image_encoding: str | None = None,
+    max_turns: int | None = None,
+    on_error: str = "raise",
+) -> list[Trajectory]:
+    """`n` new episodes that share `source`'s first `turn` turns and go on from its state
+    there with new samples: each branch's `turns` start with those turns (the same
+    objects), and `branched_at` is `turn`.
+
+    The state at `turn` comes from `session_id`, a session kept at that state (it is
+    forked n times and left as it was), or else by replaying: a new session (with the
+    options given here, which must be those of the source's run) steps `source`'s
+    responses of the turns before `turn`; every replayed observation must equal the
+    recorded one (FailedPrecondition otherwise: fork a kept session instead), and that
+    session is forked n-1 times. response_prefix: the first new response of every branch
+    starts with it (AXPO keeps the reasoning and resamples the action after it).
+    """
+    if on_error not in ("raise", "record"):
+        raise ValueError("on_error must be 'raise' or 'record'")
+    if not 0 <= turn <= len(source.turns) or n < 1:
+        raise ValueError(f"turn must be in [0, {len(source.turns)}] and n at least 1")
+    branches = [
+        Trajectory(
+            episode=i, env=source.env, seed=source.seed, group=source.group, branched_at=turn,
+            system_prompt=source.system_prompt, turns=list(source.turns[:turn]),
+        )
+        for i in range(n)
+    ]  # fmt: skip
+    if session_id is not None:
+        replies = await client.fork(session_id, n)
+    else:
+        options = SessionOptions(
+            env=source.env, config=config or {}, seed=source.seed, format=format,
+            representation=representation, reasoning=reasoning or {},
+            image_encoding=image_encoding,
+        )  # fmt: skip
+        (first,) = await client.create(options)
+        try:
+            first = await _replay(client, first, source, turn)
+            replies = [first, *(await client.fork(first.session_id, n - 1) if n > 1 else [])]
+        except BaseException:
+            await asyncio.shield(client.close([first.session_id]))
+            raise
+    live: dict[str, _Live] = {}
+    for traj, reply in zip(branches, replies, strict=True):
+        traj.session_id, traj.server = reply.session_id, reply.server
+        traj.final_observation = reply.observation
+        live[reply.session_id] = _Live(traj, reply, response_prefix)
+
+    def fail(traj: Trajectory, err: VisenvError) -> None:
+        traj.error = err
+        if on_error == "raise":
+            raise err
+
+    try:
+        while live:
+            freed = await _play_turn(client, policy, live, max_turns, fail, lambda: None)
+            if freed:
+                await client.close(freed)
+    except BaseException:
+        if live:
+            await asyncio.shield(client.close(list(live)))
+        raise
+    return branches
+
+
+async def _replay(
+    client: AsyncEnvClient, reply: SessionReply, source: Trajectory, turn: int
+) -> SessionReply:
+    """Step `source`'s responses of its turns before `turn`; check each observation."""
+    for i in range(turn + 1):
+        if i < len(source.turns):
+            recorded = source.turns[i]
+            text = _strip_system(recorded.prompt, source.system_prompt)
+            truth = recorded.ground_truth
+        else:
+            assert source.final_observation is not None
+            text, truth = source.final_observation.text, source.final_observation.ground_truth
+        if reply.observation.ground_truth != truth or reply.observation.text != text:
+            raise FailedPrecondition(
+                f"replaying episode {source.episode} (seed {source.seed}) diverged at turn "
+                f"{i}: its environment is not deterministic under these options; fork a "
+                "session kept at that turn instead (session_id=...)"
+            )
+        if i < turn:
+            (reply,) = await client.step([reply.session_id], [source.turns[i].response])
+    return reply

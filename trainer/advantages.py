@@ -3,12 +3,13 @@
 Every function takes tensors of shape (batch, tokens) and returns
 `(advantages, returns)` of the same shape, before any whitening
 (`masked_whiten` does that, over the loss mask only). Positions outside the loss
-mask get advantage 0 and return 0.
+mask get advantage 0 and return 0. `ESTIMATORS` (at the end) is the one table the
+trainer looks an estimator up in; a new one is a function and a row there.
 
 Shapes and meanings:
 - `token_rewards`: reward at each token. Turn rewards sit at each turn's last action
   token (the turn-end token); other action tokens carry only the KL penalty.
-- `values`: the critic's value at each token.
+- `values`: the critic's value at each token: V of the prefix before the token.
 - `loss_mask`: 1 on the agent's own (action) tokens, 0 on system, observation and
   image tokens. Masked tokens are skipped by every recursion: the "next value" of an
   action token is the value of the next action token, whatever lies between them.
@@ -22,6 +23,10 @@ plain per-row loop versions these are checked against live in
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -296,3 +301,66 @@ def masked_whiten(
     if not shift_mean:
         out = out + mean
     return out * mask.to(x.dtype)
+
+
+# ---------------------------------------------------------------------------- the table
+
+
+@dataclass
+class AdvantageInputs:
+    """Everything an estimator may read, for a whole iteration's episodes (rows)."""
+
+    token_rewards: torch.Tensor  # (episodes, tokens), KL penalty included when in reward
+    values: torch.Tensor | None  # (episodes, tokens); None when no critic is run
+    loss_mask: torch.Tensor
+    turn_end: torch.Tensor
+    episode_rewards: torch.Tensor  # (episodes,) summed turn rewards
+    group_ids: torch.Tensor  # (episodes,) the level seed: episodes of one level form a group
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """One advantage estimator as the trainer runs it.
+
+    `fn(ppo, x)` gets the `ppo` config section and the iteration's inputs and returns
+    `(advantages, returns)`; `critic`: whether it reads values (a critic is built,
+    run and trained only then); `placement`: where the turn rewards are put, "turn"
+    (each at its turn's last action token) or "episode" (their sum at the last one)."""
+
+    fn: Callable[[Any, AdvantageInputs], tuple[torch.Tensor, torch.Tensor]]
+    critic: bool = True
+    placement: str = "turn"
+
+
+def _values(x: AdvantageInputs) -> torch.Tensor:
+    if x.values is None:
+        raise ValueError("this estimator needs the critic's values")
+    return x.values
+
+
+ESTIMATORS: dict[str, Estimator] = {
+    # VAGEN: turn-level GAE across turns, then token-level GAE inside each turn
+    "bi_level": Estimator(
+        lambda p, x: bi_level_gae(
+            x.token_rewards, _values(x), x.loss_mask, x.turn_end,
+            p.gamma_token, p.lam_token, p.gamma_turn, p.lam_turn,
+        )  # fmt: skip
+    ),
+    # VAGEN-Base: token-level GAE with the episode's reward at its last action token
+    "gae": Estimator(
+        lambda p, x: masked_gae(
+            x.token_rewards, _values(x), x.loss_mask, p.gamma_token, p.lam_token
+        ),
+        placement="episode",
+    ),
+    # one turn-level advantage for every token of the turn
+    "turn_wise": Estimator(
+        lambda p, x: turn_wise_gae(
+            x.token_rewards, _values(x), x.loss_mask, x.turn_end, p.gamma_turn, p.lam_turn
+        )
+    ),
+    # no critic: each episode's reward against the others of its level
+    "grpo": Estimator(
+        lambda p, x: grpo_advantages(x.episode_rewards, x.group_ids, x.loss_mask), critic=False
+    ),
+}

@@ -83,3 +83,21 @@ def turn_wise_gae_loop(token_rewards, values, loss_mask, turn_end_mask, gamma_tu
             if loss_mask[b, t] and j < len(turn_pos):
                 adv[b, t], ret[b, t] = t_adv[j], t_ret[j]
     return adv, ret
+
+
+def grpo_advantages_loop(episode_rewards, group_ids, loss_mask, eps=1e-6):
+    rewards = [float(r) for r in episode_rewards]
+    groups = [int(g) for g in group_ids]
+    adv = torch.zeros(loss_mask.shape, dtype=torch.float64)
+    ret = torch.zeros(loss_mask.shape, dtype=torch.float64)
+    for b, (r, g) in enumerate(zip(rewards, groups, strict=True)):
+        same = [rewards[i] for i in range(len(rewards)) if groups[i] == g]
+        score = 0.0
+        if len(same) > 1:
+            mean = sum(same) / len(same)
+            std = (sum((x - mean) ** 2 for x in same) / (len(same) - 1)) ** 0.5
+            score = (r - mean) / (std + eps)
+        for t in range(loss_mask.shape[1]):
+            if loss_mask[b, t]:
+                adv[b, t], ret[b, t] = score, r
+    return adv, ret

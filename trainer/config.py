@@ -1,7 +1,8 @@
 """The training configuration: pydantic models that refuse unknown or ill-typed keys.
 
 Loaded from YAML with dotted CLI overrides (`ppo.actor_lr=1e-5 env.servers=[a:1,b:2]`);
-defaults follow the VAGEN paper.
+defaults follow the VAGEN paper and its public code (value clip 0.5, entropy 0.001, KL
+0.001 in the reward); where a default differs, its description says why.
 """
 
 from __future__ import annotations
@@ -84,33 +85,109 @@ class GenerationSection(_Strict):
 class PPOSection(_Strict):
     iterations: int = Field(100, ge=1)
     episodes_per_iteration: int = Field(16, ge=1)
-    group_size: int = Field(1, ge=1, description="episodes per level (same seed); GRPO needs >1")
+    group_size: int = Field(
+        1, ge=1, description="episodes per level (same seed); GRPO and the filter need >1"
+    )
     epochs: int = Field(1, ge=1)
     minibatch_size: int = Field(4, ge=1)
     level_pool: int | None = Field(
         None, ge=1, description="cycle over this many levels (None: a new level every episode)"
     )
-    estimator: Literal["bi_level", "gae", "turn_wise", "grpo"] = "bi_level"
+    estimator: Literal["bi_level", "gae", "turn_wise", "grpo"] = Field(
+        "bi_level", description="an entry of trainer.advantages.ESTIMATORS"
+    )
     gamma_turn: float = Field(0.95, ge=0, le=1)
     lam_turn: float = Field(1.0, ge=0, le=1)
     gamma_token: float = Field(1.0, ge=0, le=1)
     lam_token: float = Field(1.0, ge=0, le=1)
     actor_lr: float = Field(1e-6, gt=0)
     critic_lr: float = Field(1e-5, gt=0)
-    clip: float = Field(0.2, gt=0)
-    value_clip: float = Field(0.2, gt=0)
-    kl_coef: float = Field(0.001, ge=0)
-    entropy_coef: float = Field(0.0, ge=0)
+    clip: float = Field(0.2, gt=0, description="PPO ratio clip, both sides")
+    clip_low: float | None = Field(
+        None, gt=0, lt=1, description="lower clip: ratio >= 1 - clip_low (default: clip)"
+    )
+    clip_high: float | None = Field(
+        None,
+        gt=0,
+        description="upper clip: ratio <= 1 + clip_high (default: clip); StarPO-S "
+        "'clip-higher' raises it (e.g. 0.28) so unlikely good tokens can gain more",
+    )
+    value_clip: float = Field(0.5, gt=0, description="VAGEN's (verl's) cliprange_value")
+    kl_coef: float = Field(
+        0.001, ge=0, description="0 turns the KL off (no reference model is built)"
+    )
+    kl_mode: Literal["reward", "loss"] | None = Field(
+        None,
+        description="reward: -kl_coef * KL added to each action token's reward (PPO, "
+        "VAGEN); loss: kl_coef * KL added to the actor loss (GRPO, whose advantages "
+        "ignore token rewards). None: loss under GRPO, reward otherwise",
+    )
+    kl_estimator: Literal["k1", "k3"] = Field(
+        "k1", description="k1: log pi - log pi_ref; k3: the low-variance, always >= 0 form"
+    )
+    entropy_coef: float = Field(0.001, ge=0, description="VAGEN's (verl's) entropy_coeff")
+    loss_agg: Literal["token_mean", "seq_mean_token_mean"] = Field(
+        "token_mean",
+        description="token_mean: every action token of the minibatch weighs the same "
+        "(long answers weigh more); seq_mean_token_mean: mean over each episode's tokens, "
+        "then over episodes (VAGEN's per-sequence mean; every episode weighs the same)",
+    )
     max_grad_norm: float = Field(1.0, gt=0)
     whiten_advantages: bool = True
+    filter_ratio: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="StarPO-S: keep this fraction of each iteration's level groups, those "
+        "whose rewards vary most (1.0: keep all)",
+    )
+    filter_by: Literal["std", "max_mean"] = Field(
+        "std", description="StarPO-S filter score of a group: reward std, or max - mean"
+    )
+
+    @property
+    def kl_in(self) -> str:
+        """Where the KL penalty goes: 'reward' or 'loss' (see kl_mode)."""
+        if self.kl_mode is not None:
+            return self.kl_mode
+        return "loss" if self.estimator == "grpo" else "reward"
+
+    @model_validator(mode="after")
+    def _groups_make_sense(self) -> PPOSection:
+        if self.estimator == "grpo" and self.group_size < 2:
+            raise ValueError(
+                "ppo.group_size: GRPO compares episodes of the same level, so it needs "
+                "group_size >= 2 (with 1 every advantage is 0 and nothing is learnt)"
+            )
+        if self.estimator == "grpo" and self.kl_mode == "reward" and self.kl_coef > 0:
+            raise ValueError(
+                "ppo.kl_mode: GRPO's advantages ignore token rewards, so a KL in the "
+                "reward would have no effect; use kl_mode=loss (or kl_coef=0)"
+            )
+        if self.filter_ratio < 1 and self.group_size < 2:
+            raise ValueError(
+                "ppo.filter_ratio: the StarPO-S filter ranks groups by their reward "
+                "spread, so it needs group_size >= 2"
+            )
+        if self.episodes_per_iteration % self.group_size:
+            raise ValueError(
+                "ppo.episodes_per_iteration must be a multiple of ppo.group_size"
+            )
+        return self
 
 
 class RunSection(_Strict):
     out_dir: str = "runs/visenv"
-    seed: int = 0
+    seed: int = Field(
+        0,
+        ge=0,
+        le=999,
+        description="levels run.seed * 1e6 + i; `visenv eval` plays others (clients.eval)",
+    )
     save_every: int = Field(1, ge=1)
     max_episode_attempts: int = Field(
-        3, ge=1, description="runs of an episode whose session was lost"
+        3, ge=1, description="runs of an episode that failed for a transient reason "
+        "(lost session, unreachable server, deadline); other failures stop the run"
     )
     retry_wait: float = Field(
         1.0, ge=0, description="seconds before re-running lost episodes (doubles)"

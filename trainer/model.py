@@ -7,7 +7,7 @@
   small built-in corpus, saved as an ordinary model folder. For tests and CPU demos;
   nothing is downloaded.
 - `Critic`: a value model, either a separate backbone with a linear value head, or a
-  value head on the policy's own last hidden state (`shared=True`).
+  value head on the policy's own last hidden state; `values[t]` = V(tokens before t).
 """
 
 from __future__ import annotations
@@ -195,7 +195,13 @@ def _backbone_hidden(model: nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
 
 
 class Critic(nn.Module):
-    """V(s) at every token: a linear head on a backbone's last hidden state.
+    """V at every token: a linear head on a backbone's last hidden state.
+
+    `values[t]` is the value of the prefix *before* token t: the head reads the hidden
+    state at t - 1, just as token t's log-probability comes from the logits at t - 1
+    (and as verl reads the values at the positions before the response tokens). The
+    hidden state at t has already seen token t, so a value read there would depend on
+    the very action it is the baseline for. Position 0 (never an action) gets 0.
 
     With `backbone=None` the head reads hidden states handed to it (the policy's, for
     a shared-backbone critic); otherwise it owns a separate backbone.
@@ -215,7 +221,8 @@ class Critic(nn.Module):
             if self.backbone is None or inputs is None:
                 raise ValueError("a shared-backbone critic needs the policy's hidden states")
             hidden = _backbone_hidden(self.backbone, inputs)
-        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)
+        after = self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)  # V(prefix up to t)
+        return torch.cat([torch.zeros_like(after[:, :1]), after[:, :-1]], dim=1)
 
 
 def hidden_size_of(model: nn.Module) -> int:

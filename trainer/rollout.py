@@ -5,8 +5,10 @@ lays out each live episode's next observation as tokens (`trajectory.ChatLayout`
 samples all responses in batches with `model.generate`, keeps the sampled token ids
 and answers the decoded texts. `collect` runs a set of seeds and pairs every finished
 episode's rewards with its tokens. An episode whose session was lost (its server went
-away) is never trained on: it is run again from the start (on another server when
-the client has one), up to `max_attempts` times with a back-off, then dropped; both are counted.
+away, or a call timed out) is never trained on: it is run again from the start (on
+another server when the client has one), up to `max_attempts` times with a back-off,
+then dropped; both are counted. Any other failure (e.g. `INVALID_ARGUMENT`) stops the
+run with its error: running it again would only fail the same way.
 
 `ServerPolicy` generates with an OpenAI-compatible server instead (vLLM, for speed on
 GPUs): it lays out the same tokens, but a response's token ids are its text tokenised
@@ -182,6 +184,16 @@ def policy_factory(
     return lambda: ServerPolicy(server, layout)
 
 
+class EpisodeFailed(RuntimeError):
+    """An episode failed for a reason that running it again would not cure (an invalid
+    argument, a refused config, ...): training stops with that error."""
+
+    def __init__(self, seed: int, error: VisenvError) -> None:
+        super().__init__(f"episode seed {seed} failed: {error}")
+        self.seed = seed
+        self.error = error
+
+
 @dataclass
 class Collected:
     episodes: list[EpisodeTokens]
@@ -230,8 +242,10 @@ def collect(
 ) -> Collected:
     """Run one episode per seed; returns the finished ones with their tokens.
 
-    Lost episodes are run again after a back-off (`retry_wait`, doubling each time),
-    which gives a server the time to replace a dead worker."""
+    Episodes that failed for a transient reason (`clients.rollout.TRANSIENT`: lost
+    session, unreachable server, deadline) are run again after a back-off (`retry_wait`,
+    doubling each time), which gives a server the time to replace a dead worker; any
+    other failure raises `EpisodeFailed` with the error."""
     pending = list(seeds)
     done_eps: list[EpisodeTokens] = []
     done_trajs: list[Trajectory] = []
@@ -250,9 +264,12 @@ def collect(
             if traj.ok:
                 done_eps.append(attach_rewards(policy.episodes[traj.episode], traj))
                 done_trajs.append(traj)
-            else:
+            elif traj.retryable:
                 log.warning("episode seed %d lost: %s", traj.seed, traj.error)
                 failed.append(traj.seed)
+            else:  # the same call would fail the same way again: surface it
+                assert traj.error is not None
+                raise EpisodeFailed(traj.seed, traj.error) from traj.error
         pending = failed
     if pending:
         log.warning("dropped %d episodes after %d attempts", len(pending), max_attempts)

@@ -178,8 +178,13 @@ def eval_model(
     server: Annotated[list[str], typer.Option(
         help="visenv server HOST:PORT (repeatable); grpc:// or http:// picks the transport.")],
     env: Annotated[str, typer.Option(help="Environment name (see `visenv envs`).")] = "sokoban",
-    episodes: Annotated[int, typer.Option(min=1, help="Episodes (seeds seed .. seed+N-1).")] = 32,
-    seed: Annotated[int, typer.Option(help="First level seed.")] = 0,
+    episodes: Annotated[int, typer.Option(min=1, max=1_000_000, help="Episodes.")] = 32,
+    seed: Annotated[int, typer.Option(min=0, max=999, help=(
+        "Evaluation seed: held-out levels 1e9 + seed*1e6 + i, disjoint from the levels of "
+        "every training run (run.seed s trains on s*1e6 + i)."))] = 0,
+    first_level: Annotated[int | None, typer.Option(min=0, help=(
+        "Play the raw level seeds FIRST_LEVEL .. FIRST_LEVEL+N-1 instead (e.g. a training "
+        "run's own levels)."), show_default="the held-out range of --seed")] = None,
     format: Annotated[str | None, typer.Option(
         help="Response format, e.g. grounding_worldmodeling.", show_default="the env's")] = None,
     representation: Annotated[str | None, typer.Option(
@@ -198,7 +203,7 @@ def eval_model(
 ) -> None:  # fmt: on
     """Evaluate a model behind an OpenAI-compatible endpoint: success rate, return, reward
     parts, valid actions, world-model scores, failed episodes. Exits 1 if every episode failed."""
-    from clients.eval import run_eval
+    from clients.eval import eval_level_seeds, run_eval
     from clients.openai_policy import OpenAIPolicy
 
     policy = OpenAIPolicy(
@@ -207,7 +212,10 @@ def eval_model(
     )  # fmt: skip
     try:
         _, summary = run_eval(
-            server, policy, env, range(seed, seed + episodes), out, transport=transport,
+            server, policy, env,
+            eval_level_seeds(seed, episodes) if first_level is None
+            else range(first_level, first_level + episodes),
+            out, transport=transport,
             format=format, representation=representation, max_turns=max_turns,
             concurrency=concurrency,
         )  # fmt: skip

@@ -14,7 +14,12 @@ from trainer.advantages import (
     masked_whiten,
     turn_wise_gae,
 )
-from trainer.advantages_loop import bi_level_gae_loop, masked_gae_loop, turn_wise_gae_loop
+from trainer.advantages_loop import (
+    bi_level_gae_loop,
+    grpo_advantages_loop,
+    masked_gae_loop,
+    turn_wise_gae_loop,
+)
 
 T = torch.tensor
 
@@ -107,6 +112,13 @@ def test_vectorised_equals_loop(seed):
         torch.testing.assert_close(fast[0].double(), slow[0], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(fast[1].double(), slow[1], atol=1e-5, rtol=1e-5)
         assert (fast[0][m == 0] == 0).all()
+    g = torch.Generator().manual_seed(seed)
+    episode_rewards = torch.randint(0, 3, (m.shape[0],), generator=g).float()
+    groups = torch.randint(0, 3, (m.shape[0],), generator=g)
+    fast = grpo_advantages(episode_rewards, groups, m)
+    slow = grpo_advantages_loop(episode_rewards, groups, m)
+    torch.testing.assert_close(fast[0].double(), slow[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fast[1].double(), slow[1], atol=1e-5, rtol=1e-5)
 
 
 def test_bi_level_turn_end_advantage_is_turn_advantage():

@@ -77,7 +77,7 @@ def test_ppo_runs_checkpoints_and_resumes(visenv_server, tiny_model_path, tmp_pa
     assert changed, "no actor weight changed"
 
     # the checkpoint reloads into a fresh model that answers exactly like the trained one
-    ckpt = latest_checkpoint(result_cfg := _config(visenv_server, tiny_model_path, out, 2))
+    ckpt = latest_checkpoint(out)
     assert ckpt is not None and ckpt.name == "iter-000001.pt"
     fresh, _ = load_policy(tiny_model_path)
     fresh.load_state_dict(torch.load(ckpt, weights_only=False)["actor"])
@@ -91,7 +91,6 @@ def test_ppo_runs_checkpoints_and_resumes(visenv_server, tiny_model_path, tmp_pa
     )
     assert (out / "learning_curves.png").stat().st_size > 0
     assert any((out / "tensorboard").iterdir())
-    del result_cfg
 
     # resume: a longer run continues at iteration 2
     again = train(_config(visenv_server, tiny_model_path, out, iterations=3))
@@ -102,7 +101,7 @@ def test_ppo_runs_checkpoints_and_resumes(visenv_server, tiny_model_path, tmp_pa
     )
 
     # a run killed before its last checkpoint was written redoes exactly that iteration
-    latest_checkpoint(_config(visenv_server, tiny_model_path, out, 3)).unlink()
+    latest_checkpoint(out).unlink()
     redo = train(_config(visenv_server, tiny_model_path, out, iterations=3))
     assert [m["iteration"] for m in redo.history] == [0, 1, 2]
     lines = (out / "metrics.jsonl").read_text().splitlines()
