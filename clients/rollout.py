@@ -367,12 +367,14 @@ async def run_episodes(
 
     async def refill(freed: list[str]) -> None:
         """Start waiting groups while there is room (reusing freed sessions: reset with the
-        group's seed), close what is left over."""
+        group's seed); close the freed sessions left over first, so they make room."""
         room = (slots - len(live)) // k
         groups = [waiting.pop() for _ in range(min(len(waiting), room))]
         reuse = list(zip(freed, groups, strict=False))  # as many as both have
         fresh = groups[len(reuse) :]
         unused = freed[len(reuse) :]
+        if unused:
+            await client.close(unused)
         if reuse:
             replies = await client.reset(
                 [sid for sid, _ in reuse], [seeds[g] for _, g in reuse], return_exceptions=True
@@ -381,8 +383,6 @@ async def run_episodes(
         if fresh:
             replies = await client.create([options(g) for g in fresh], return_exceptions=True)
             await start_groups(fresh, replies)
-        if unused:
-            await client.close(unused)
 
     try:
         await refill([])

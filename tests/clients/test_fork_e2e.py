@@ -9,10 +9,13 @@ from clients import (
     AsyncEnvClient,
     CapacityError,
     EnvClient,
+    FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PolicyInput,
     SessionOptions,
 )
+from clients.rollout import run_branches
 from tests.conftest import VisenvServer, launch_server, launch_servers
 
 RIGHT = "<answer>Right</answer>"
@@ -130,6 +133,76 @@ def test_gateway_fork_lands_on_the_sources_replica(servers):
         assert moved[0].observation.images[0].data == moved[1].observation.images[0].data
     with gateway.client() as http:
         assert http.get("/health").json()["sessions"] == 0  # forks closed through it too
+
+
+def member_policy(batch: list[PolicyInput]) -> list[str]:
+    """Right, except that the second episode of each group of 3 goes Left on turn 0; a
+    fixed response start ("<answer>Le") is completed to Left."""
+    out = []
+    for p in batch:
+        if p.response_prefix:
+            out.append(p.response_prefix + "ft</answer>")
+        else:
+            move = "Left" if p.episode % 3 == 1 and p.turn == 0 else "Right"
+            out.append(f"<answer>{move}</answer>")
+    return out
+
+
+def test_group_episodes_start_from_one_forked_state(servers):
+    small = servers[0]  # cap 6: two groups of 3 at a time, or the forks would be refused
+    with EnvClient(small.grpc) as client:
+        trajs = client.run_episodes(
+            member_policy, "tiny", seeds=[1, 2, 3, 5], group_size=3, concurrency=6,
+            config={"length": 5}, format="no_think", max_turns=6, progress=False,
+        )  # fmt: skip
+        assert client.session_ids == []
+    assert [(t.episode, t.group, t.seed) for t in trajs] == [
+        (g * 3 + j, g, seed) for g, seed in enumerate([1, 2, 3, 5]) for j in range(3)
+    ]
+    for g in range(4):
+        group = trajs[g * 3 : g * 3 + 3]
+        assert all(t.ok for t in group), [t.error for t in group]
+        first = {(t.turns[0].prompt, t.turns[0].images[0].data) for t in group}
+        assert len(first) == 1 and group[0].system_prompt  # one start state, with the prompt
+        assert len({t.session_id for t in group}) == 3
+        # the member that stepped Left first needs two more turns
+        assert len(group[1].turns) == len(group[0].turns) + 2 == len(group[2].turns) + 2
+        assert all(t.success for t in group)
+
+
+@pytest.mark.anyio
+async def test_branches_replay_or_fork_a_kept_session(servers):
+    small = servers[0]
+    async with AsyncEnvClient(small.grpc) as client:
+        (source,) = await client.run_episodes(
+            member_policy, "tiny", seeds=[0], config={"length": 5}, format="no_think",
+            progress=False,
+        )  # fmt: skip
+        assert len(source.turns) == 4 and source.success
+        prefix = "<answer>Le"  # a fixed start: the policy completes it
+        branches = await run_branches(
+            client, member_policy, source, turn=2, n=2, response_prefix=prefix,
+            config={"length": 5}, format="no_think",
+        )  # fmt: skip
+        for branch in branches:
+            assert branch.branched_at == 2 and branch.turns[:2] == source.turns[:2]
+            assert branch.turns[2].response == "<answer>Left</answer>"
+            assert branch.turns[2].ground_truth == source.turns[2].ground_truth
+            assert branch.turns[3].ground_truth["player"] == [0, 1]  # it went back
+            assert branch.success and len(branch.turns) == 6
+        # replaying under other options diverges: said, not hidden
+        with pytest.raises(FailedPrecondition):
+            await run_branches(client, member_policy, source, turn=2, n=1,
+                               config={"length": 6}, format="no_think")  # fmt: skip
+        # from a kept session: it is forked and left as it was
+        (kept,) = await client.create(_options(seed=0))
+        await client.step([kept.session_id], ["<answer>Right</answer>"])
+        more = await run_branches(client, member_policy, source, turn=1, n=2,
+                                  session_id=kept.session_id)  # fmt: skip
+        assert all(b.success and b.turns[1].ground_truth["player"] == [0, 1] for b in more)
+        (same,) = await client.get([kept.session_id])
+        assert same.step_index == 1
+        assert client.session_ids == [kept.session_id]
 
 
 def _options(env: str = "tiny", seed: int = 0) -> SessionOptions:
