@@ -22,6 +22,7 @@ BUILTIN: dict[str, str] = {
     "navigation": "env_server.envs.navigation:NavigationEnv",
     "primitive_skill": "env_server.envs.primitive_skill:PrimitiveSkillEnv",
     "svg": "env_server.envs.svg:SvgEnv",
+    "vicrit": "env_server.envs.vicrit:VicritEnv",
 }
 
 
