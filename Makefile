@@ -5,8 +5,14 @@ EXTRAS ?= dev,svg,navigation,ai2thor,primitive_skill,trainer
 comma  := ,
 STAMP  := $(VENV)/.visenv-setup-$(subst $(comma),-,$(EXTRAS))
 PYTEST_ARGS ?=
+PYTHON ?= python3
+# the peers' own clients (OpenEnv) live in a venv of their own: they would downgrade Pillow
+# in the main one; tests_compat/ drives a server started from the main venv with them
+COMPAT_VENV  ?= .venv-compat
+COMPAT_STAMP := $(COMPAT_VENV)/.visenv-compat-setup
+COMPAT_PYTEST_ARGS ?=
 
-.PHONY: setup serve test bench lint proto clean help
+.PHONY: setup serve test compat-setup compat-test bench lint proto clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -20,8 +26,20 @@ $(STAMP): pyproject.toml scripts/setup.sh
 serve: setup  ## start the server (HTTP :8000, gRPC :50051) with every environment that runs here
 	$(BIN)/visenv serve
 
-test: setup  ## run the test suite (offline, 2 cores)
+test: setup  ## run the test suite (offline, 2 cores), then the compat tests
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(MAKE) compat-test
+
+compat-setup: $(COMPAT_STAMP)  ## the compat test venv (.venv-compat: openenv, pytest)
+
+$(COMPAT_STAMP): tests_compat/requirements.txt
+	[ -x $(COMPAT_VENV)/bin/python ] || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install -q -r tests_compat/requirements.txt
+	@touch $@
+
+compat-test: setup compat-setup  ## peers' own clients (OpenEnv) against a real visenv serve
+	cd tests_compat && VISENV_PYTHON=$(abspath $(BIN))/python \
+		$(abspath $(COMPAT_VENV))/bin/python -m pytest -p no:cacheprovider $(COMPAT_PYTEST_ARGS)
 
 bench: setup  ## run the benchmarks in bench/ (numbers, not pass/fail)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
@@ -32,5 +50,5 @@ lint: setup  ## ruff over the whole tree
 proto: setup  ## regenerate visenv/v1 from proto/visenv/v1/*.proto
 	bash scripts/gen_proto.sh
 
-clean:  ## remove the venv and caches
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+clean:  ## remove the venvs and caches
+	rm -rf $(VENV) $(COMPAT_VENV) .pytest_cache .ruff_cache

@@ -114,8 +114,11 @@ class Connection:
         self.system_prompt: str | None = None
         self.episode_id: str | None = None
 
-    async def _create(self, options: dict[str, Any]) -> SessionReply | ServiceError:
-        reply = (await self.service.create([{**options, "env": self.env}]))[0]
+    async def _create(
+        self, options: dict[str, Any], seed: int | None
+    ) -> SessionReply | ServiceError:
+        item = {**options, "env": self.env, **({} if seed is None else {"seed": seed})}
+        reply = (await self.service.create([item]))[0]
         if isinstance(reply, SessionReply):
             self.session_id, self.options = reply.session_id, options
         return reply
@@ -142,8 +145,7 @@ class Connection:
             item = {"session_id": self.session_id, "seed": body.seed}
             return self._remember((await self.service.reset([item]))[0])
         await self.close()  # new options: a new session
-        seed = {} if body.seed is None else {"seed": body.seed}
-        return self._remember(await self._create({**options, **seed}))
+        return self._remember(await self._create(options, body.seed))
 
     async def step(self, data: dict[str, Any]) -> SessionReply | ServiceError:
         action = OpenEnvAction.model_validate(data)
