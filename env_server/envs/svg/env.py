@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -40,6 +40,7 @@ from env_server.core import (
 from env_server.core.env import StatePrompt
 from env_server.core.spatial import GradingSpec
 
+from .._feedback import Attempts, FeedbackConfig, feedback_observation
 from . import data
 from .render import InvalidSvg, Limits, render_svg
 from .score import DEFAULT_WEIGHTS, DreamSimScorer, OfflineScorer, Scorer, dreamsim_dir
@@ -58,8 +59,13 @@ def _words(text: str) -> set[str]:
     return set(re.findall(r"[a-z0-9]+", text.lower())) - _STOPWORDS
 
 
-class SvgConfig(EnvConfig):
-    """Options of the SVG environment. By default targets are OpenMoji's colour emoji."""
+class SvgConfig(FeedbackConfig):
+    """Options of the SVG environment. By default targets are OpenMoji's colour emoji.
+
+    `feedback: "unary"` (UFO, see `envs/_feedback.py`): an answer below the success
+    threshold is followed only by "Let's try again." (no rendering, no score), for up to
+    `max_attempts` answers; the reward decays with the attempt, repeats are penalised.
+    """
 
     max_turns: int = Field(2, ge=1, le=1000, description="Turns before the episode is truncated.")
     image_size: int = Field(256, ge=32, le=1024, description="Side of the rendered images, pixels.")
@@ -127,6 +133,7 @@ class Episode:
     last_error: str | None = None
     success: bool = False
     done: bool = False
+    attempts: Attempts = field(default_factory=Attempts)  # the answers, for unary feedback
 
 
 class SvgEnv(Environment):
@@ -218,18 +225,27 @@ class SvgEnv(Environment):
             ep.last_image = None
         ep.last_score, ep.last_error = score, error
         ep.success = score is not None and score >= self.config.success_threshold
-        terminated = ep.success
-        truncated = not terminated and ep.turn >= self.config.max_turns
-        ep.done = terminated or truncated
+        payload = actions[0].payload if actions and error is None else None
+        attempt = ep.attempts.record(
+            self.config,
+            key=" ".join(payload.split()) if payload else None,  # whitespace aside
+            correct=ep.success,
+            base_reward=float(score or 0.0),
+        )
+        ep.done = attempt.done
+        if self.config.unary and not ep.success:
+            observation = feedback_observation(self.config, self.ground_truth())
+        else:
+            observation = self._observation()
         return Transition(
-            observation=self._observation(),
-            reward=float(score or 0.0),
-            terminated=terminated,
-            truncated=truncated,
+            observation=observation,
+            reward=attempt.reward,
+            terminated=ep.success,
+            truncated=attempt.truncated,
             success=ep.success,
             actions_executed=int(score is not None),
             invalid_actions=invalid,
-            info={"score": score, "score_parts": parts, "render_error": error},
+            info={"score": score, "score_parts": parts, "render_error": error, **attempt.info()},
         )
 
     def ground_truth(self) -> dict[str, Any]:
@@ -271,8 +287,7 @@ class SvgEnv(Environment):
             "reproduces it as closely as you can.\n"
             f"The image is {size}x{size} pixels on a white background; your SVG is rendered at "
             f"the same size (its viewBox is scaled to fit), so choose any viewBox you like.\n"
-            "From the second turn on you also see the rendering of your previous SVG next to "
-            "the target, and may revise it.\n"
+            f"{self._feedback_rule()}"
             'Your answer is exactly one complete SVG document, <svg xmlns="http://www.w3.org/2000/svg" '
             'viewBox="...">...</svg>, using shapes, paths, gradients and groups. External files, '
             "links, embedded images, DTDs and entities are refused, and so are documents over "
@@ -289,6 +304,20 @@ class SvgEnv(Environment):
     def oracle_actions(self) -> list[Action]:
         ep = self._episode()
         return [] if ep.done else [Action(name=ACTION, payload=ep.target_svg)]
+
+    def _feedback_rule(self) -> str:
+        cfg = self.config
+        if not cfg.unary:
+            return (
+                "From the second turn on you also see the rendering of your previous SVG next "
+                "to the target, and may revise it.\n"
+            )
+        return (
+            f"You have {cfg.max_attempts} attempt(s). After an answer that does not succeed you "
+            f"are only told \"{cfg.feedback_phrase}\" (no rendering, no score); the reward of "
+            f"attempt k is multiplied by {cfg.reward_decay:g}^(k-1), and repeating an earlier "
+            f"SVG costs {cfg.repeat_penalty:g}.\n"
+        )
 
     def grade_description(
         self, text: str, truth: dict[str, Any], representation: Representation
