@@ -374,4 +374,56 @@ def build_app(
             }
         )
 
+    def openapi() -> dict[str, Any]:  # built on first use: routes added later are in it
+        if not app.openapi_schema:
+            enabled = sorted(n for n, spec in service.env_specs.items() if spec.enabled)
+            app.openapi_schema = with_session_links(FastAPI.openapi(app), enabled)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+# The operations a session reply leads to, for the OpenAPI document's `links` (so that a
+# stateful fuzzer such as schemathesis drives live sessions): (method, path, body).
+SESSION_LINKS = {
+    "GetSession": ("get", "/v1/sessions/{session_id}", None),
+    "StepSession": ("post", "/v1/sessions/{session_id}/step", {
+        "step_index": "$response.body#/step_index", "response": "<answer>Right</answer>"}),
+    "ResetSession": ("post", "/v1/sessions/{session_id}/reset", None),
+    "ForkSession": ("post", "/v1/sessions/{session_id}/fork", None),
+    "SessionFrame": ("get", "/v1/sessions/{session_id}/frame.png", None),
+    "CloseSession": ("delete", "/v1/sessions/{session_id}", None),
+}  # fmt: skip
+
+
+def with_session_links(schema: dict[str, Any], envs: list[str] | None = None) -> dict[str, Any]:
+    """Add OpenAPI links from every reply that carries a session id (create, get, reset,
+    step) to the operations on that session, with the reply's step_index for the step;
+    and list the environments this server enables as the values `env` may take."""
+    env_field = schema.get("components", {}).get("schemas", {}).get("SessionOptions", {})
+    if envs and "env" in env_field.get("properties", {}):
+        env_field["properties"]["env"]["enum"] = envs
+    paths = schema.get("paths", {})
+    links = {}
+    for name, (method, path, body) in SESSION_LINKS.items():
+        operation = paths.get(path, {}).get(method)
+        if operation is None:
+            continue
+        link: dict[str, Any] = {
+            "operationId": operation["operationId"],
+            "parameters": {"session_id": "$response.body#/session_id"},
+        }
+        if body is not None:
+            link["requestBody"] = body
+        links[name] = link
+    for path, method in (
+        ("/v1/sessions", "post"),
+        ("/v1/sessions/{session_id}", "get"),
+        ("/v1/sessions/{session_id}/reset", "post"),
+        ("/v1/sessions/{session_id}/step", "post"),
+    ):
+        operation = paths.get(path, {}).get(method)
+        if operation is not None:
+            operation["responses"]["200"]["links"] = links
+    return schema

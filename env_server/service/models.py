@@ -73,7 +73,9 @@ class ActionModel(_Strict):
 class StepBody(_Strict):
     """REST body of POST /v1/sessions/{id}/step: a response text or explicit actions."""
 
-    step_index: int = Field(description="The index the client believes is next (docs/wire.md).")
+    step_index: int = Field(
+        ge=0, description="The index the client believes is next (docs/wire.md)."
+    )
     response: str | None = Field(None, description="The agent's raw response text.")
     actions: list[ActionModel] | None = Field(
         None, description="Explicit actions (manual play): no format or world-model reward."
