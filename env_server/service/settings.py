@@ -67,12 +67,13 @@ class Settings(BaseSettings):
         "sessions (up to the cap). Enable only on a trusted network.",
     )
     coalesce_window: float = Field(
-        0.0,
+        0.01,
         ge=0,
         le=1.0,
-        description="Seconds a request waits on an idle worker for others to share its message "
-        "(0: sent at once). Requests that arrive while a worker's message is in flight are "
-        "always queued and sent together when it answers.",
+        description="Under concurrent single-session traffic (requests that keep finding a "
+        "worker busy), seconds a request on an idle worker waits for others to share its "
+        "message (0: never waits). A lone client never waits. Requests that arrive while a "
+        "worker's message is in flight are always queued and sent together when it answers.",
     )
     coalesce_max_items: int = Field(
         512,
