@@ -99,6 +99,21 @@ def serve(
             show_default="off",
         ),
     ] = None,
+    coalesce_window: Annotated[
+        float | None,
+        typer.Option(
+            help="Under concurrent single-session traffic, seconds a request waits for others "
+            "to share its message to a worker (0: never); a lone client never waits.",
+            show_default="0.01",
+        ),
+    ] = None,
+    coalesce_max_items: Annotated[
+        int | None,
+        typer.Option(
+            help="Most items in one coalesced message to a worker (1: no coalescing).",
+            show_default="512",
+        ),
+    ] = None,
 ) -> None:  # fmt: on
     """Serve every enabled environment over HTTP and gRPC from one process.
 
@@ -120,6 +135,8 @@ def serve(
         "token": token,
         "upstreams": upstream or None,
         "vagen_legacy": vagen_legacy,
+        "coalesce_window": coalesce_window,
+        "coalesce_max_items": coalesce_max_items,
     }
     try:
         settings = Settings(**{k: v for k, v in given.items() if v is not None})
