@@ -44,6 +44,7 @@ class FeedbackConfig(EnvConfig):
 
     feedback: Literal["none", "unary"] = Field(
         "none",
+        validate_default=True,  # so that subclasses' checks of it run on the default too
         description="none: the environment's own feedback; unary: after a wrong answer the "
         "observation is only `feedback_phrase` (UFO), for up to `max_attempts` answers.",
     )

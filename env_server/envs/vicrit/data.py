@@ -46,7 +46,11 @@ def draw_category(
     rng: np.random.Generator, weights: dict[str, float], present: set[str] | None = None
 ) -> cap.Category:
     """A category drawn with the configured weights (among those `present`)."""
-    names = [c for c in cap.CATEGORIES if weights.get(c, 0.0) > 0 and (present is None or c in present)]
+    names = [
+        c
+        for c in cap.CATEGORIES
+        if weights.get(c, 0.0) > 0 and (present is None or c in present)
+    ]
     if not names:
         raise EnvError(
             "category_weights gives no weight to any category the data holds",
@@ -83,11 +87,17 @@ def scene(source: str, seed: int, render: bool) -> tuple[cap.Scene, np.ndarray |
 
 
 def generate(
-    seed: int, sources: list[str], weights: dict[str, float], *, render: bool = True
-) -> Item:
-    """The item of `seed`: category and source drawn from the seed, the source's level
-    `seed` (another level drawn from the seed in the rare case that it allows no
-    unambiguous error of that category), the caption, one error, checked by `verify`."""
+    seed: int,
+    sources: list[str],
+    weights: dict[str, float],
+    *,
+    render: bool = True,
+    check: bool = True,
+) -> tuple[Item, cap.Scene]:
+    """The item of `seed` and its scene: category and source drawn from the seed, the
+    source's level `seed` (another level drawn from the seed in the rare case that it
+    allows no unambiguous error of that category), the caption and one error, both checked
+    by `verify` (unless `check` is False: a caller that verifies them itself)."""
     rng = np.random.default_rng(seed)
     category = draw_category(rng, weights)
     source = sources[int(rng.integers(len(sources)))]
@@ -107,9 +117,12 @@ def generate(
         )
     clean = cap.text_of(sentences)
     text = cap.text_of(cap.apply(sentences, corruption))
-    cap.verify(made, clean)
-    cap.verify(made, text, span=corruption.span, category=category, original=corruption.original)
-    return Item(
+    if check:
+        cap.verify(made, clean)
+        cap.verify(
+            made, text, span=corruption.span, category=category, original=corruption.original
+        )
+    item = Item(
         image=image,
         caption=text,
         span=corruption.span,
@@ -119,6 +132,7 @@ def generate(
         source_seed=source_seed,
         clean=clean,
     )
+    return item, made
 
 
 # ---- a user's JSONL file ---------------------------------------------------------------
@@ -204,9 +218,7 @@ def load_image(row: Row, jsonl_path: str) -> np.ndarray:
         raise EnvError(f"{jsonl_path}:{row.line}: image cannot be read ({exc})") from exc
 
 
-def pick_row(
-    rows: tuple[Row, ...], seed: int, weights: dict[str, float]
-) -> Row:
+def pick_row(rows: tuple[Row, ...], seed: int, weights: dict[str, float]) -> Row:
     """The row of `seed`: a category drawn with the weights, then a row of it."""
     rng = np.random.default_rng(seed)
     category = draw_category(rng, weights, {r.category for r in rows})

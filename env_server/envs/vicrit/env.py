@@ -302,7 +302,7 @@ class VicritEnv(Environment):
     def _item(self, seed: int) -> data.Item:
         cfg = self.config
         if self.rows is None:
-            item = data.generate(seed, cfg.sources, cfg.category_weights)
+            item, _ = data.generate(seed, cfg.sources, cfg.category_weights)
         else:
             row = data.pick_row(self.rows, seed, cfg.category_weights)
             item = data.Item(
