@@ -248,8 +248,10 @@ def test_a_real_server_over_rest_and_grpc(start_visenv_server) -> None:
         assert len(body["observation"]["images"]) == 1
         assert "Caption:" in body["observation"]["text"]
         says = f"The image shows {truth['original']}."
-        response = (f"<think><observation>{says}</observation><reasoning>r</reasoning>"
-                    f"<prediction>{says}</prediction></think><answer>{truth['span']}</answer>")  # fmt: skip
+        response = (
+            f"<think><observation>{says}</observation><reasoning>r</reasoning>"
+            f"<prediction>{says}</prediction></think><answer>{truth['span']}</answer>"
+        )
         step = http.post(f"/v1/sessions/{sid}/step", json={"step_index": 0, "response": response})
         assert step.status_code == 200, step.text
         done = step.json()

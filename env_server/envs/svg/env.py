@@ -55,6 +55,11 @@ _EXAMPLE_SVG = (
 _STOPWORDS = {"a", "an", "and", "the", "of", "with", "in", "on", "for", "to"}
 
 
+def _document_key(svg: str) -> str:
+    """An SVG document with its layout whitespace folded, to tell a repeated answer."""
+    return " ".join(re.sub(r">\s+<", "><", svg).split())
+
+
 def _words(text: str) -> set[str]:
     return set(re.findall(r"[a-z0-9]+", text.lower())) - _STOPWORDS
 
@@ -228,7 +233,7 @@ class SvgEnv(Environment):
         payload = actions[0].payload if actions and error is None else None
         attempt = ep.attempts.record(
             self.config,
-            key=" ".join(payload.split()) if payload else None,  # whitespace aside
+            key=_document_key(payload) if payload else None,
             correct=ep.success,
             base_reward=float(score or 0.0),
         )
