@@ -1,0 +1,917 @@
+"""Conformance suites that any environment (and any server) can reuse.
+
+`EnvironmentContract` checks an `Environment` against the contract of `env_server.core`,
+in the spirit of dm_env's `test_utils.EnvironmentTestMixin`: subclass it in a pytest test
+module, say how to make the environment and give a few seeds, valid turns and bad configs,
+and pytest collects every check as a test method of your class:
+
+    from env_server.core import Action
+    from env_server.testing import EnvironmentContract
+    from my_package.env import MyEnv
+
+    class TestMyEnv(EnvironmentContract):
+        env_class = MyEnv
+        config = {"size": 6}                         # validated by MyEnv.Config
+        seeds = (0, 1, 2)                            # distinct seeds give distinct levels
+        valid_turns = [[Action("Left")], [Action("Up"), Action("Up")]]
+        invalid_turns = [[Action("Left", args=(3,))]]  # besides an unknown action name
+        bad_configs = [({"size": 0}, "size")]        # (config, the field its error names)
+
+The checks (one test method each):
+
+- the same seed gives the same observation text, images (pixel-equal), ground truth, info
+  and rewards, on the same instance and on a fresh one; distinct seeds give distinct first
+  observations;
+- the oracle solves every seed's level within `oracle_max_turns` turns (default: the
+  config's `max_turns`) with actions from the action space;
+- `step` before `reset` and after the episode's end raise `EnvError` with code
+  FAILED_PRECONDITION; a negative seed raises `EnvError` with code INVALID_ARGUMENT;
+- an invalid action (an unknown name, and each of `invalid_turns`) is a normal reply that
+  lists it in `invalid_actions`, never an exception;
+- a bad config raises pydantic's ValidationError whose `loc` names the field;
+- `snapshot` / `restore` round-trip: after a restore, on the same instance or a fresh one,
+  the same turns give the same observations and rewards;
+- `describe` works in all three representations (structured is JSON), `system_prompt`
+  in all five response formats, `state_prompt` in all three representations;
+- observations (text, RGB uint8 images), ground truth, info, reward and flags are plain
+  Python types: they survive `json.dumps` without `default=` and come back equal
+  (no numpy scalars or arrays, no tuples, no non-string keys, no NaN);
+- an observation already returned does not change when the environment steps on.
+
+Hooks for environments whose checks need a looser eye:
+
+- `assert_same_run(first, second, what)` compares two recorded runs; the default wants
+  them equal. A physics simulator whose restore is close but not bit-exact overrides
+  `assert_same_restored_run` (used by the snapshot check only).
+- `make_env()` (a classmethod) builds the environment (default:
+  `env_class(env_class.Config(**config))`).
+
+One environment instance per test class is shared by the checks (class-scoped fixtures),
+so that a simulator's start-up cost is paid once per class; checks that need a never-reset
+or second instance make one with `make_env()`. Environments that cannot snapshot set
+`supports_snapshot = False` and the check wants a clear error instead.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from env_server.core import (
+    Action,
+    EnvError,
+    Environment,
+    Observation,
+    Representation,
+    ResponseFormat,
+    Transition,
+)
+from env_server.core.env import StatePrompt
+
+UNKNOWN_ACTION = "definitely_not_an_action"
+
+
+# ---- helpers any test may use ------------------------------------------------------------
+
+
+def assert_plain_json(value: Any, where: str = "value") -> None:
+    """Fail, naming the path, unless `value` is made of plain JSON types only: dict with str
+    keys, list, str, int, float (finite), bool, None; and `json.dumps` (no `default=`)
+    round-trips it to an equal value."""
+    _check_plain(value, where)
+    text = json.dumps(value, allow_nan=False)
+    assert json.loads(text) == value, f"{where} changes through JSON: {value!r:.200}"
+
+
+def _check_plain(value: Any, where: str) -> None:
+    kind = type(value)
+    if value is None or kind in (str, bool, int):
+        return
+    if kind is float:
+        assert math.isfinite(value), f"{where} is {value!r}, not a finite number"
+        return
+    if kind is dict:
+        for key, item in value.items():
+            assert type(key) is str, f"{where}: key {key!r} is a {type(key).__name__}, not a str"
+            _check_plain(item, f"{where}.{key}")
+        return
+    if kind is list:
+        for n, item in enumerate(value):
+            _check_plain(item, f"{where}[{n}]")
+        return
+    raise AssertionError(
+        f"{where} is a {kind.__module__}.{kind.__name__} ({value!r:.80}), not a plain JSON type"
+    )
+
+
+def assert_precondition_error(call, what: str) -> None:
+    """`call()` must raise EnvError with code FAILED_PRECONDITION."""
+    with pytest.raises(EnvError) as err:
+        call()
+    assert err.value.code == "FAILED_PRECONDITION", f"{what}: code {err.value.code!r}"
+    assert err.value.message, f"{what}: the error says nothing"
+
+
+@dataclass
+class Frame:
+    """One observation as recorded: deep copies, so later steps cannot change them.
+
+    `reward`, `flags` and `step_info` are None for the observation a reset returned.
+    """
+
+    text: str
+    images: list[np.ndarray]
+    ground_truth: dict[str, Any]
+    info: dict[str, Any]
+    reward: float | None = None
+    flags: tuple[bool, bool, bool] | None = None  # terminated, truncated, success
+    step_info: dict[str, Any] | None = None
+    actions_executed: int | None = None
+    invalid_actions: list[str] | None = None
+
+    @classmethod
+    def of(cls, result: Observation | Transition) -> Frame:
+        obs = result.observation if isinstance(result, Transition) else result
+        frame = cls(
+            text=obs.text,
+            images=[np.array(image, copy=True) for image in obs.images],
+            ground_truth=copy.deepcopy(obs.ground_truth),
+            info=copy.deepcopy(obs.info),
+        )
+        if isinstance(result, Transition):
+            frame.reward = result.reward
+            frame.flags = (result.terminated, result.truncated, result.success)
+            frame.step_info = copy.deepcopy(result.info)
+            frame.actions_executed = result.actions_executed
+            frame.invalid_actions = list(result.invalid_actions)
+        return frame
+
+
+@dataclass
+class Run:
+    """A reset and the turns played after it: the frames as recorded and the objects the
+    environment returned (to check that those stay unchanged)."""
+
+    seed: int
+    frames: list[Frame] = field(default_factory=list)
+    returned: list[Observation | Transition] = field(default_factory=list)
+
+    def add(self, result: Observation | Transition) -> Observation | Transition:
+        self.frames.append(Frame.of(result))
+        self.returned.append(result)
+        return result
+
+    @property
+    def done(self) -> bool:
+        last = self.returned[-1] if self.returned else None
+        return isinstance(last, Transition) and last.done
+
+
+def assert_same_frames(first: list[Frame], second: list[Frame], what: str) -> None:
+    """Frame by frame: equal text, pixel-equal images, equal ground truth, info, rewards."""
+    assert len(first) == len(second), f"{what}: {len(first)} vs {len(second)} observations"
+    for n, (a, b) in enumerate(zip(first, second, strict=True)):
+        at = f"{what}, observation {n}"
+        assert a.text == b.text, f"{at}: text differs:\n{a.text}\n---\n{b.text}"
+        assert len(a.images) == len(b.images), f"{at}: number of images differs"
+        for k, (x, y) in enumerate(zip(a.images, b.images, strict=True)):
+            assert x.shape == y.shape and np.array_equal(x, y), f"{at}: image {k} differs"
+        assert a.ground_truth == b.ground_truth, f"{at}: ground truth differs"
+        assert a.info == b.info, f"{at}: info differs"
+        assert a.reward == b.reward, f"{at}: reward {a.reward} vs {b.reward}"
+        assert a.flags == b.flags, f"{at}: (terminated, truncated, success) differ"
+        assert a.step_info == b.step_info, f"{at}: step info differs"
+        assert a.actions_executed == b.actions_executed, f"{at}: actions executed differ"
+        assert a.invalid_actions == b.invalid_actions, f"{at}: invalid actions differ"
+
+
+# ---- the environment contract ---------------------------------------------------------------
+
+
+class EnvironmentContract:
+    """Every check of the environment contract as pytest test methods (see the module
+    docstring). Subclass it in a test module with a name starting with `Test`."""
+
+    env_class: ClassVar[type[Environment]]
+    config: ClassVar[dict[str, Any]] = {}
+    seeds: ClassVar[tuple[int, ...]] = (0, 1, 2)
+    # turns of valid actions, played after a reset by the determinism and snapshot checks
+    # (at least two, so that a snapshot can be taken after the first); play stops early when
+    # the episode ends
+    valid_turns: ClassVar[list[list[Action]]] = []
+    # turns holding an invalid action, besides [Action(UNKNOWN_ACTION)] which every
+    # environment must report
+    invalid_turns: ClassVar[list[list[Action]]] = []
+    # (config, field): a config the environment's Config refuses, and the field it names;
+    # besides an unknown option and max_turns=0, which every environment must refuse
+    bad_configs: ClassVar[list[tuple[dict[str, Any], str]]] = []
+    oracle_max_turns: ClassVar[int | None] = None  # None: the config's max_turns
+    supports_snapshot: ClassVar[bool] = True
+
+    # ---- hooks ----------------------------------------------------------------------------
+    @classmethod
+    def make_env(cls) -> Environment:
+        """A new environment of the class's config (fails, naming why, when unavailable)."""
+        reason = cls.env_class.unavailable_reason()
+        if reason is not None:
+            pytest.fail(f"{cls.env_class.__name__} is unavailable here: {reason}")
+        return cls.env_class(cls.env_class.Config.model_validate(cls.config))
+
+    def assert_same_run(self, first: list[Frame], second: list[Frame], what: str) -> None:
+        assert_same_frames(first, second, what)
+
+    def assert_same_restored_run(self, first: list[Frame], second: list[Frame], what: str) -> None:
+        """Compares the turns played after a restore with those played after the snapshot."""
+        self.assert_same_run(first, second, what)
+
+    def assert_same_restored_state(self, snapped: dict, restored: dict) -> None:
+        """Compares the ground truth at the snapshot with the one right after a restore."""
+        assert restored == snapped, "restore did not bring the ground truth back"
+
+    # ---- shared fixtures ------------------------------------------------------------------
+    @pytest.fixture(scope="class")
+    @classmethod
+    def env(cls) -> Iterator[Environment]:
+        env = cls.make_env()
+        yield env
+        env.close()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def runs(cls, env: Environment) -> list[Run]:
+        """Per seed: the reset and the valid turns, recorded."""
+        return [cls.play(env, seed) for seed in cls.seeds]
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def oracle_runs(cls, env: Environment) -> list[tuple[Run, BaseException | None]]:
+        """Per seed: the oracle's episode (then empty turns until it ends, if the oracle did
+        not end it) and what a step after the end raised."""
+        out = []
+        for seed in cls.seeds:
+            run = Run(seed)
+            run.add(env.reset(seed))
+            bound = cls.oracle_bound(env)
+            for _ in range(bound):
+                if run.done:
+                    break
+                run.add(env.step(env.oracle_actions()))
+            for _ in range(getattr(env.config, "max_turns", 1000)):
+                if run.done:
+                    break
+                run.add(env.step([]))
+            error: BaseException | None = None
+            try:
+                env.step(cls.valid_turns[0] if cls.valid_turns else [])
+            except BaseException as exc:  # noqa: BLE001 - handed to the test that checks it
+                error = exc
+            out.append((run, error))
+        return out
+
+    @classmethod
+    def oracle_bound(cls, env: Environment) -> int:
+        return cls.oracle_max_turns or int(getattr(env.config, "max_turns", 10))
+
+    @classmethod
+    def play(cls, env: Environment, seed: int, turns: list[list[Action]] | None = None) -> Run:
+        """reset(seed), then `turns` (default: valid_turns) until the episode ends."""
+        run = Run(seed)
+        run.add(env.reset(seed))
+        cls.continue_run(env, run, cls.valid_turns if turns is None else turns)
+        return run
+
+    @staticmethod
+    def continue_run(env: Environment, run: Run, turns: list[list[Action]]) -> Run:
+        for actions in turns:
+            if run.done:
+                break
+            run.add(env.step(list(actions)))
+        return run
+
+    # ---- the class itself -------------------------------------------------------------------
+    def test_suite_is_configured(self) -> None:
+        assert len(self.seeds) >= 2, "give at least two seeds"
+        assert len(set(self.seeds)) == len(self.seeds), "seeds must be distinct"
+        assert len(self.valid_turns) >= 2, "give at least two turns of valid actions"
+        assert issubclass(self.env_class, Environment)
+        assert self.env_class.name, "the environment has no name"
+
+    def test_action_space(self, env: Environment) -> None:
+        space = env.action_space
+        assert space.names and len(set(space.names)) == len(space.names)
+        assert space.max_per_turn >= 1
+        assert_plain_json(space.to_json(), "action_space")
+        for name in space.names:
+            assert space.lookup(name.upper()) == name
+
+    # ---- determinism --------------------------------------------------------------------------
+    def test_same_seed_same_run(self, env: Environment, runs: list[Run]) -> None:
+        """Replaying a seed (after other seeds were played) gives the recorded run again."""
+        for run in reversed(runs):
+            again = self.play(env, run.seed)
+            self.assert_same_run(run.frames, again.frames, f"seed {run.seed} replayed")
+
+    def test_same_seed_same_run_on_a_fresh_instance(self, runs: list[Run]) -> None:
+        other = self.make_env()
+        try:
+            again = self.play(other, runs[0].seed)
+        finally:
+            other.close()
+        self.assert_same_run(runs[0].frames, again.frames, f"seed {runs[0].seed}, new instance")
+
+    def test_distinct_seeds_give_distinct_levels(self, runs: list[Run]) -> None:
+        seen: dict[str, int] = {}
+        for run in runs:
+            first = run.frames[0]
+            key = json.dumps(
+                [first.text, first.ground_truth, [image.tobytes().hex() for image in first.images]]
+            )
+            assert key not in seen, f"seeds {seen.get(key)} and {run.seed} give the same start"
+            seen[key] = run.seed
+
+    def test_observations_stay_as_returned(self, runs: list[Run]) -> None:
+        """What step/reset returned is not changed by later steps (no shared buffers)."""
+        for run in runs:
+            returned = [Frame.of(result) for result in run.returned]
+            self.assert_same_run(run.frames, returned, f"seed {run.seed}, returned objects")
+
+    # ---- the oracle -----------------------------------------------------------------------------
+    def test_oracle_solves_every_seed(self, env: Environment, oracle_runs) -> None:
+        bound = self.oracle_bound(env)
+        for run, _ in oracle_runs:
+            last = run.returned[-1]
+            assert isinstance(last, Transition), f"seed {run.seed}: the oracle took no turn"
+            turns = len(run.returned) - 1
+            assert last.success and last.terminated and not last.truncated, (
+                f"seed {run.seed}: not solved after {turns} turns: {last.info}"
+            )
+            assert turns <= bound, f"seed {run.seed}: solved in {turns} > {bound} turns"
+
+    def test_oracle_actions_are_in_the_action_space(self, env: Environment) -> None:
+        space = env.action_space
+        for seed in self.seeds:
+            env.reset(seed)
+            actions = env.oracle_actions()
+            assert actions, f"seed {seed}: the oracle has nothing to do at the start"
+            assert len(actions) <= space.max_per_turn
+            for action in actions:
+                assert isinstance(action, Action) and action.name in space.names, action
+                assert_plain_json(action.to_json(), "oracle action")
+
+    # ---- preconditions --------------------------------------------------------------------------
+    def test_step_before_reset_is_a_precondition_error(self) -> None:
+        fresh = self.make_env()
+        try:
+            assert_precondition_error(lambda: fresh.step(list(self.valid_turns[0])), "step")
+        finally:
+            fresh.close()
+
+    def test_step_after_the_end_is_a_precondition_error(self, oracle_runs) -> None:
+        for run, error in oracle_runs:
+            assert isinstance(error, EnvError), (
+                f"seed {run.seed}: a step after the end raised {error!r}, not EnvError"
+            )
+            assert error.code == "FAILED_PRECONDITION", f"seed {run.seed}: code {error.code!r}"
+
+    def test_negative_seed_is_refused(self, env: Environment) -> None:
+        with pytest.raises(EnvError) as err:
+            env.reset(-1)
+        assert err.value.code == "INVALID_ARGUMENT"
+        env.reset(self.seeds[0])  # and the environment is still usable
+
+    # ---- invalid actions --------------------------------------------------------------------------
+    def test_invalid_actions_are_reported_not_raised(self, env: Environment) -> None:
+        for actions in [[Action(UNKNOWN_ACTION)], *self.invalid_turns]:
+            env.reset(self.seeds[0])
+            tr = env.step(list(actions))
+            assert isinstance(tr, Transition)
+            names = ", ".join(a.name for a in actions)
+            assert tr.invalid_actions, f"[{names}]: nothing reported invalid"
+            assert all(type(m) is str and m for m in tr.invalid_actions)
+            assert not tr.success, f"[{names}]: an invalid turn succeeded"
+            self.check_transition_types(tr, f"invalid turn [{names}]")
+
+    def test_actions_over_the_turn_limit_are_reported_not_raised(self, env: Environment) -> None:
+        env.reset(self.seeds[0])
+        limit = env.action_space.max_per_turn
+        tr = env.step([self.valid_turns[0][0]] * (limit + 1))
+        assert tr.invalid_actions, f"{limit + 1} actions in a turn of at most {limit}"
+        assert tr.actions_executed <= limit
+        self.check_transition_types(tr, "over-long turn")
+
+    # ---- config --------------------------------------------------------------------------------------
+    def test_bad_config_names_the_field(self) -> None:
+        generic = [({"no_such_option": 1}, "no_such_option"), ({"max_turns": 0}, "max_turns")]
+        for bad, name in [*generic, *self.bad_configs]:
+            with pytest.raises(ValidationError) as err:
+                self.env_class.Config.model_validate({**self.config, **bad})
+            fields = {str(e["loc"][0]) for e in err.value.errors() if e["loc"]}
+            assert name in fields, f"{bad}: the error names {sorted(fields)}, not {name!r}"
+
+    def test_config_round_trips_as_json(self, env: Environment) -> None:
+        dumped = env.config.model_dump(mode="json")
+        assert_plain_json(dumped, "config")
+        assert self.env_class.Config.model_validate(dumped) == env.config
+
+    # ---- snapshot / restore --------------------------------------------------------------------------
+    def test_snapshot_restore_round_trip(self, env: Environment) -> None:
+        if not self.supports_snapshot:
+            env.reset(self.seeds[0])
+            with pytest.raises((EnvError, NotImplementedError)):
+                env.snapshot()
+            return
+        first, rest = self.valid_turns[:1], self.valid_turns[1:]
+        for seed in self.seeds:  # a seed whose episode goes on after the first valid turn
+            run = self.play(env, seed, first)
+            if not run.done:
+                break
+        assert not run.done, "the first valid turn ends every seed's episode"
+        state = copy.deepcopy(env.ground_truth())
+        snap = env.snapshot()
+        after = self.continue_run(env, Run(run.seed), rest)
+        env.restore(snap)
+        self.assert_same_restored_state(state, env.ground_truth())
+        again = self.continue_run(env, Run(run.seed), rest)
+        self.assert_same_restored_run(after.frames, again.frames, "after restore")
+        fork = self.make_env()
+        try:
+            fork.restore(snap)
+            forked = self.continue_run(fork, Run(run.seed), rest)
+        finally:
+            fork.close()
+        self.assert_same_restored_run(after.frames, forked.frames, "restored in a new instance")
+
+    # ---- text -------------------------------------------------------------------------------------------
+    def test_describe_in_every_representation(self, env: Environment, runs: list[Run]) -> None:
+        for run in runs:
+            for n, frame in enumerate(run.frames):
+                for rep in Representation:
+                    text = env.describe(copy.deepcopy(frame.ground_truth), rep)
+                    where = f"seed {run.seed}, observation {n}, {rep.value}"
+                    assert type(text) is str and text.strip(), f"{where}: empty"
+                    if rep is Representation.STRUCTURED:
+                        json.loads(text)  # structured states are JSON
+
+    def test_system_prompt_in_every_format(self, env: Environment) -> None:
+        for fmt in ResponseFormat:
+            text = env.system_prompt(fmt)
+            assert type(text) is str and text.strip(), fmt
+            for name in env.action_space.names:
+                assert name.lower() in text.lower(), f"{fmt.value}: action {name!r} not named"
+
+    def test_state_prompt_in_every_representation(self, env: Environment) -> None:
+        for rep in Representation:
+            prompt = env.state_prompt(rep)
+            if prompt is None:
+                continue  # the generic grid instructions apply
+            assert isinstance(prompt, StatePrompt)
+            for part in ("instruction", "reminder", "answer", "observation", "prediction"):
+                assert type(getattr(prompt, part)) is str and getattr(prompt, part).strip(), part
+
+    # ---- plain types ---------------------------------------------------------------------------------
+    def test_everything_returned_is_plain_json(
+        self, env: Environment, runs: list[Run], oracle_runs
+    ) -> None:
+        for run in [*runs, *(r for r, _ in oracle_runs)]:
+            for n, result in enumerate(run.returned):
+                where = f"seed {run.seed}, observation {n}"
+                obs = result.observation if isinstance(result, Transition) else result
+                self.check_observation(obs, where)
+                if isinstance(result, Transition):
+                    self.check_transition_types(result, where)
+        env.reset(self.seeds[0])
+        assert_plain_json(env.ground_truth(), "ground_truth()")
+
+    @staticmethod
+    def check_observation(obs: Observation, where: str) -> None:
+        assert type(obs.text) is str, f"{where}: text is a {type(obs.text).__name__}"
+        assert_plain_json(obs.ground_truth, f"{where}: ground_truth")
+        assert_plain_json(obs.info, f"{where}: info")
+        for k, image in enumerate(obs.images):
+            assert isinstance(image, np.ndarray), f"{where}: image {k} is not an array"
+            assert image.dtype == np.uint8, f"{where}: image {k} is {image.dtype}, not uint8"
+            assert image.ndim == 3 and image.shape[2] == 3, f"{where}: image {k} is {image.shape}"
+            assert image.shape[0] > 0 and image.shape[1] > 0
+
+    @staticmethod
+    def check_transition_types(tr: Transition, where: str) -> None:
+        assert type(tr.reward) is float and math.isfinite(tr.reward), (
+            f"{where}: reward {tr.reward!r} is a {type(tr.reward).__name__}"
+        )
+        for flag in ("terminated", "truncated", "success"):
+            value = getattr(tr, flag)
+            assert type(value) is bool, f"{where}: {flag} is a {type(value).__name__}"
+        assert type(tr.actions_executed) is int and tr.actions_executed >= 0
+        assert_plain_json(tr.invalid_actions, f"{where}: invalid_actions")
+        assert_plain_json(tr.info, f"{where}: info")
+        if tr.success:
+            assert tr.terminated, f"{where}: success without terminated"
+
+
+# ======================================================================================
+# The server contract suite
+# ======================================================================================
+# `ServerContract` checks a running visenv server over its wire protocol (REST and gRPC,
+# spoken directly: httpx and the generated stub, no SDK), for one environment and config:
+#
+#     import pytest
+#     from env_server.testing import ServerContract
+#
+#     @pytest.fixture(scope="session")
+#     def server_addresses():                    # transport -> address
+#         return {"rest": "http://127.0.0.1:8000", "grpc": "127.0.0.1:50051"}
+#
+#     class TestSokobanServed(ServerContract):
+#         env = "sokoban"
+#         config = {}                              # the env's default config
+#         transports = ("rest", "grpc")            # keys of server_addresses
+#
+# A transport whose name ends in "rest" speaks REST, any other gRPC (e.g. "gateway" for a
+# gateway's gRPC port). Each class runs every check once per transport:
+#
+# - create -> the first observation: its images decode to their stated shape, one
+#   `<image>` placeholder each, and its ground truth is the one the environment gives
+#   in-process for the same seed and config;
+# - the oracle's actions (planned in-process from the same seed) stepped over the wire reach
+#   success, with step_index, turn and flags as the wire says; get answers the last reply;
+#   REST's frame.png decodes to the current first image; reset starts episode 1 at step 0
+#   with the first ground truth again; close, and the session is gone (NOT_FOUND);
+# - a garbage response is a normal reply with action_valid false, never an error;
+# - a batch with one bad item (a bad config; an unknown session) answers that item only.
+
+SERVER_TIMEOUT = 600.0  # seconds a call may take (a ManiSkill create warms its shaders)
+
+
+class WireClient:
+    """The calls of the wire protocol, answered as REST's JSON batch items:
+    `{"ok": true, "reply": {...}}` or `{"ok": false, "error": {"code", "message", "field"}}`,
+    image data as bytes on both transports."""
+
+    def create(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
+    def reset(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
+    def step(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
+    def get(self, session_ids: list[str]) -> list[dict[str, Any]]: ...
+    def close(self, session_ids: list[str]) -> list[dict[str, Any]]: ...
+    def frame(self, session_id: str) -> bytes | None: ...  # None: not on this transport
+    def shut(self) -> None: ...
+
+    @staticmethod
+    def connect(transport: str, address: str, token: str | None = None) -> WireClient:
+        if transport.endswith("rest"):
+            return RestWire(address, token)
+        return GrpcWire(address, token)
+
+
+class RestWire(WireClient):
+    def __init__(self, url: str, token: str | None = None) -> None:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=url, headers=headers, timeout=SERVER_TIMEOUT)
+
+    def _batch(self, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+        answer = self.http.post(path, json=body)
+        assert answer.status_code == 200, f"POST {path}: HTTP {answer.status_code} {answer.text}"
+        results = answer.json()["results"]
+        for item in results:
+            for image in item.get("reply", {}).get("observation", {}).get("images", []):
+                image["data"] = base64.b64decode(image["data"])
+        return results
+
+    def create(self, items):
+        return self._batch("/v1/batch/create", {"items": items})
+
+    def reset(self, items):
+        return self._batch("/v1/batch/reset", {"items": items})
+
+    def step(self, items):
+        return self._batch("/v1/batch/step", {"items": items})
+
+    def get(self, session_ids):
+        out = []
+        for sid in session_ids:  # REST has no batch get
+            answer = self.http.get(f"/v1/sessions/{sid}")
+            body = answer.json()
+            if answer.status_code == 200:
+                for image in body["observation"]["images"]:
+                    image["data"] = base64.b64decode(image["data"])
+                out.append({"ok": True, "reply": body})
+            else:
+                out.append({"ok": False, **body})
+        return out
+
+    def close(self, session_ids):
+        return self._batch("/v1/batch/close", {"session_ids": session_ids})
+
+    def frame(self, session_id):
+        answer = self.http.get(f"/v1/sessions/{session_id}/frame.png")
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["content-type"] == "image/png"
+        return answer.content
+
+    def shut(self):
+        self.http.close()
+
+
+class GrpcWire(WireClient):
+    def __init__(self, address: str, token: str | None = None) -> None:
+        import grpc
+
+        from visenv.v1 import visenv_pb2 as pb
+        from visenv.v1 import visenv_pb2_grpc as pb_grpc
+
+        self.pb = pb
+        self.channel = grpc.insecure_channel(
+            address, options=[("grpc.max_receive_message_length", 256 << 20)]
+        )
+        self.stub = pb_grpc.VisenvStub(self.channel)
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+
+    def _call(self, method: str, request: Any) -> Any:
+        return getattr(self.stub, method)(
+            request, timeout=SERVER_TIMEOUT, metadata=self.metadata
+        )
+
+    @staticmethod
+    def _error(err: Any) -> dict[str, Any]:
+        field_ = err.field if err.HasField("field") else None
+        return {"ok": False, "error": {"code": err.code, "message": err.message, "field": field_}}
+
+    def _items(self, response: Any) -> list[dict[str, Any]]:
+        out = []
+        for item in response.results:
+            if not item.HasField("reply"):
+                out.append(self._error(item.error))
+                continue
+            r = item.reply
+            parts = r.reward_parts
+            reply = {
+                "session_id": r.session_id, "env": r.env, "step_index": r.step_index,
+                "episode": r.episode, "turn": r.turn,
+                "observation": {
+                    "text": r.observation.text,
+                    "images": [{"encoding": im.encoding, "data": im.data, "shape": list(im.shape)}
+                               for im in r.observation.images],
+                    "ground_truth": json.loads(r.observation.ground_truth_json or "{}"),
+                    "info": json.loads(r.observation.info_json or "{}"),
+                },
+                "reward": r.reward,
+                "reward_parts": {k: getattr(parts, k) for k in
+                                 ("env", "format", "observation", "prediction", "penalty")},
+                "terminated": r.terminated, "truncated": r.truncated, "success": r.success,
+                "info": json.loads(r.info_json or "{}"),
+            }  # fmt: skip
+            if r.system_prompt:
+                reply["system_prompt"] = r.system_prompt
+            out.append({"ok": True, "reply": reply})
+        return out
+
+    def create(self, items):
+        pb = self.pb
+        options = [
+            pb.SessionOptions(
+                env=o["env"], seed=o.get("seed", 0), config_json=json.dumps(o.get("config", {})),
+                reasoning_json=json.dumps(o.get("reasoning", {})),
+                **{k: o[k] for k in ("format", "representation", "image_encoding") if k in o},
+            )
+            for o in items
+        ]  # fmt: skip
+        return self._items(self._call("Create", pb.CreateRequest(items=options)))
+
+    def reset(self, items):
+        pb = self.pb
+        request = pb.ResetRequest(items=[
+            pb.ResetItem(session_id=i["session_id"], **({"seed": i["seed"]} if "seed" in i else {}))
+            for i in items
+        ])  # fmt: skip
+        return self._items(self._call("Reset", request))
+
+    def step(self, items):
+        pb = self.pb
+        out = []
+        for i in items:
+            item = pb.StepItem(session_id=i["session_id"], step_index=i["step_index"])
+            if i.get("actions") is not None:
+                item.actions.CopyFrom(pb.ActionList(actions=[
+                    pb.Action(name=a["name"], args=a.get("args", []),
+                              **({"payload": a["payload"]} if a.get("payload") is not None else {}))
+                    for a in i["actions"]
+                ]))  # fmt: skip
+            else:
+                item.response = i["response"]
+            out.append(item)
+        return self._items(self._call("Step", pb.StepRequest(items=out)))
+
+    def get(self, session_ids):
+        return self._items(self._call("Get", self.pb.GetRequest(session_ids=session_ids)))
+
+    def close(self, session_ids):
+        response = self._call("Close", self.pb.CloseRequest(session_ids=session_ids))
+        return [{"ok": True} if r.ok else self._error(r.error) for r in response.results]
+
+    def frame(self, session_id):
+        return None  # gRPC carries images in replies only
+
+    def shut(self):
+        self.channel.close()
+
+
+def decode_image(image: dict[str, Any]) -> np.ndarray:
+    """A wire image (encoding, data bytes, shape) as an (H, W, 3) uint8 array."""
+    import io
+
+    from PIL import Image
+
+    shape = tuple(image["shape"])
+    if image["encoding"] == "raw":
+        array = np.frombuffer(image["data"], np.uint8)
+        assert array.size == math.prod(shape), f"raw image of {array.size} bytes, shape {shape}"
+        return array.reshape(shape)
+    with Image.open(io.BytesIO(image["data"])) as im:
+        assert im.format.lower() == {"png": "png", "jpeg": "jpeg"}[image["encoding"]]
+        array = np.asarray(im.convert("RGB"))
+    assert array.shape == shape, f"{image['encoding']} image decodes to {array.shape}, not {shape}"
+    return array
+
+
+def assert_close_truth(served: Any, local: Any, tolerance: float, where: str = "ground_truth"):
+    """Two ground truths are equal, numbers within `tolerance` (0: exactly)."""
+    if isinstance(served, dict) and isinstance(local, dict):
+        assert served.keys() == local.keys(), f"{where}: keys {sorted(served)} != {sorted(local)}"
+        for key in served:
+            assert_close_truth(served[key], local[key], tolerance, f"{where}.{key}")
+    elif isinstance(served, list) and isinstance(local, list):
+        assert len(served) == len(local), f"{where}: {len(served)} items != {len(local)}"
+        for n, (a, b) in enumerate(zip(served, local, strict=True)):
+            assert_close_truth(a, b, tolerance, f"{where}[{n}]")
+    elif (
+        isinstance(served, (int, float))
+        and isinstance(local, (int, float))
+        and not isinstance(served, bool)
+    ):
+        assert abs(served - local) <= tolerance, f"{where}: {served} != {local} (±{tolerance})"
+    else:
+        assert served == local, f"{where}: {served!r} != {local!r}"
+
+
+@dataclass
+class OraclePlan:
+    """An episode planned in-process: the first ground truth and the oracle's turns."""
+
+    first_truth: dict[str, Any]
+    turns: list[list[dict[str, Any]]]  # actions as the wire's JSON
+
+
+class ServerContract:
+    """The server contract for one environment and config (see the section comment)."""
+
+    env: ClassVar[str]
+    config: ClassVar[dict[str, Any]] = {}
+    seed: ClassVar[int] = 1
+    transports: ClassVar[tuple[str, ...]] = ("rest", "grpc")
+    token: ClassVar[str | None] = None
+    # numbers of the served ground truth may differ from the in-process one by this much
+    # (a physics simulator in another process); 0 for exact environments
+    truth_tolerance: ClassVar[float] = 0.0
+    max_oracle_turns: ClassVar[int] = 100
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every check runs once per transport (a class-scoped parameter, so each transport
+        gets its own connection and one in-process plan serves them all)."""
+        super().__init_subclass__(**kwargs)
+        cls.pytestmark = [pytest.mark.parametrize("transport", cls.transports, scope="class")]
+
+    # ---- fixtures -------------------------------------------------------------------
+    @pytest.fixture(scope="class")
+    @classmethod
+    def plan(cls) -> OraclePlan:
+        """The oracle's episode for (env, config, seed), played in this process."""
+        from env_server.core import registry
+
+        env_class = registry.load(cls.env)
+        env = env_class(env_class.Config.model_validate(cls.config))
+        try:
+            obs = env.reset(cls.seed)
+            first = copy.deepcopy(obs.ground_truth)
+            turns: list[list[dict[str, Any]]] = []
+            for _ in range(cls.max_oracle_turns):
+                actions = env.oracle_actions()
+                turns.append([a.to_json() for a in actions])
+                tr = env.step(actions)
+                if tr.done:
+                    assert tr.success, f"the oracle failed in-process on seed {cls.seed}"
+                    break
+            else:
+                raise AssertionError(f"the oracle needed over {cls.max_oracle_turns} turns")
+        finally:
+            env.close()
+        return OraclePlan(first, turns)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def wire(cls, request: pytest.FixtureRequest, transport: str) -> Iterator[WireClient]:
+        """A connection over `transport` to the address the `server_addresses` fixture
+        (which the test module provides: transport -> address) gives for it."""
+        addresses = request.getfixturevalue("server_addresses")
+        client = WireClient.connect(transport, addresses[transport], cls.token)
+        yield client
+        client.shut()
+
+    # ---- helpers --------------------------------------------------------------------
+    def options(self, **extra: Any) -> dict[str, Any]:
+        return {"env": self.env, "config": dict(self.config), "seed": self.seed, **extra}
+
+    @staticmethod
+    def reply(item: dict[str, Any], what: str) -> dict[str, Any]:
+        assert item["ok"], f"{what}: {item.get('error')}"
+        return item["reply"]
+
+    def check_reply(self, reply: dict[str, Any], where: str) -> None:
+        obs = reply["observation"]
+        assert reply["env"] == self.env
+        assert obs["text"].count("<image>") == len(obs["images"]), where
+        for n, image in enumerate(obs["images"]):
+            array = decode_image(image)
+            assert array.dtype == np.uint8 and array.ndim == 3, f"{where}: image {n}"
+        assert isinstance(obs["ground_truth"], dict) and isinstance(reply["info"], dict)
+        parts = reply["reward_parts"]
+        total = sum(parts[k] for k in ("env", "format", "observation", "prediction", "penalty"))
+        assert math.isclose(reply["reward"], total, abs_tol=1e-6), f"{where}: reward != parts"
+
+    # ---- the checks -----------------------------------------------------------------
+    def test_oracle_episode(self, wire: WireClient, plan: OraclePlan) -> None:
+        created = self.reply(wire.create([self.options()])[0], "create")
+        sid = created["session_id"]
+        try:
+            self.check_reply(created, "create")
+            assert created["step_index"] == created["turn"] == created["episode"] == 0
+            assert created.get("system_prompt"), "a create reply carries the system prompt"
+            assert_close_truth(
+                created["observation"]["ground_truth"], plan.first_truth, self.truth_tolerance
+            )
+            last = created
+            for n, actions in enumerate(plan.turns):
+                assert not (last["terminated"] or last["truncated"]), f"ended before turn {n}"
+                item = {"session_id": sid, "step_index": n, "actions": actions}
+                last = self.reply(wire.step([item])[0], f"step {n}")
+                self.check_reply(last, f"step {n}")
+                assert last["step_index"] == last["turn"] == n + 1
+            assert last["success"] and last["terminated"], "the oracle's actions did not succeed"
+            got = self.reply(wire.get([sid])[0], "get")
+            assert got["step_index"] == last["step_index"] and got["success"]
+            assert got["observation"]["ground_truth"] == last["observation"]["ground_truth"]
+            png = wire.frame(sid) if last["observation"]["images"] else None
+            if png is not None:
+                frame = decode_image({"encoding": "png", "data": png,
+                                      "shape": last["observation"]["images"][0]["shape"]})  # fmt: skip
+                assert np.array_equal(frame, decode_image(last["observation"]["images"][0])) or (
+                    last["observation"]["images"][0]["encoding"] == "jpeg"
+                )
+            reset = self.reply(wire.reset([{"session_id": sid, "seed": self.seed}])[0], "reset")
+            self.check_reply(reset, "reset")
+            assert reset["episode"] == 1 and reset["step_index"] == 0
+            assert_close_truth(
+                reset["observation"]["ground_truth"], plan.first_truth, self.truth_tolerance
+            )
+        finally:
+            closed = wire.close([sid])[0]
+        assert closed["ok"], closed
+        gone = wire.get([sid])[0]
+        assert not gone["ok"] and gone["error"]["code"] == "NOT_FOUND", gone
+
+    def test_garbage_response_is_a_reply_not_an_error(self, wire: WireClient) -> None:
+        sid = self.reply(wire.create([self.options()])[0], "create")["session_id"]
+        try:
+            item = {"session_id": sid, "step_index": 0, "response": "no tags <answer>%%%"}
+            reply = self.reply(wire.step([item])[0], "step")
+            assert reply["info"]["action_valid"] is False
+            assert reply["reward_parts"]["format"] <= 0
+        finally:
+            wire.close([sid])
+
+    def test_batch_with_one_bad_item(self, wire: WireClient, plan: OraclePlan) -> None:
+        bad_config = {**self.config, "max_turns": 0}
+        created = wire.create([self.options(), self.options(config=bad_config)])
+        sid = self.reply(created[0], "create")["session_id"]
+        try:
+            error = created[1]
+            assert not error["ok"] and error["error"]["code"] == "INVALID_ARGUMENT", error
+            assert error["error"]["field"] == "config.max_turns", error
+            steps = wire.step([
+                {"session_id": sid, "step_index": 0, "actions": plan.turns[0]},
+                {"session_id": "s-0000000000000000", "step_index": 0, "actions": plan.turns[0]},
+            ])  # fmt: skip
+            self.check_reply(self.reply(steps[0], "the good step"), "step")
+            assert not steps[1]["ok"] and steps[1]["error"]["code"] == "NOT_FOUND"
+        finally:
+            wire.close([sid])
+
