@@ -162,7 +162,7 @@ class Attempts:
             max_attempts=limit,
             repeated=repeated,
             correct=bool(correct),
-            reward=round(reward, 9),
+            reward=reward,
             truncated=not correct and number >= limit,
         )
 
