@@ -111,3 +111,12 @@ def test_svg_attempt_limit(svg_env) -> None:
         tr = svg_env.step([Action("svg", payload=NOT_IT.replace("#0f0", f"#00{n}"))])
     assert tr.truncated and not tr.success and tr.info["attempts_left"] == 0
     assert tr.observation.text == "Let's try again."
+
+
+def test_the_example_training_config_loads_and_its_env_config_is_valid() -> None:
+    from trainer.config import load_config
+
+    cfg = load_config("examples/train_vicrit_unary.yaml")
+    assert cfg.env.name == "vicrit"
+    env_cfg = registry.make_config(cfg.env.name, cfg.env.config)
+    assert env_cfg.feedback == "unary" and env_cfg.max_turns == cfg.env.max_turns == 3
