@@ -83,7 +83,9 @@ function buildActions(space) {
   const arrows = space && space.names ? space.names.filter((n) => ARROW_SIGN[n.toLowerCase()]) : [];
   $("keys").textContent = keys.length
     ? `Keys: ${arrows.length ? "arrow keys, " : ""}${keys.join(", ")}. Ctrl+Enter sends the raw response.`
-    : "This environment takes calls with arguments: type a raw response. Ctrl+Enter sends it.";
+    : space && space.kind === "document"
+      ? `This environment takes one free-text answer (${space.description}): type a raw response, e.g. <answer>...</answer>. Ctrl+Enter sends it.`
+      : "This environment takes calls with arguments: type a raw response. Ctrl+Enter sends it.";
 }
 
 $("create").onclick = async () => {
