@@ -66,10 +66,10 @@ def options(seed: int) -> SessionOptions:
 
 
 class OpenEnvWs:
-    """One client of the OpenEnv WebSocket (/compat/openenv/{env}/ws): reset, then steps.
+    """One client of the OpenEnv WebSocket (/compat/openenv/{env}/ws; protocol in
+    env_server/api/compat/openenv.py): reset (same options each time: same session), steps."""
 
-    The message shapes follow OpenEnv's WebSocket protocol as our compat adapter serves it
-    (docs/compat.md): {"type": "reset", "data": {...}} / {"type": "step", "data": {...}}."""
+    OPTIONS = {"config": CONFIG, "format": "grounding_worldmodeling"}
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -79,8 +79,7 @@ class OpenEnvWs:
         import websockets
 
         self.ws = await websockets.connect(self.url, max_size=None)
-        await self._call("reset", {"seed": seed, "config": CONFIG,
-                                   "format": "grounding_worldmodeling"})  # fmt: skip
+        await self.reset(seed)
 
     async def _call(self, kind: str, data: dict) -> dict:
         assert self.ws is not None
@@ -88,17 +87,17 @@ class OpenEnvWs:
         reply = json.loads(await self.ws.recv())
         if reply.get("type") == "error":
             raise RuntimeError(f"OpenEnv WebSocket error: {reply}")
-        return reply.get("data", reply)
+        return reply["data"]
 
     async def step(self, text: str) -> bool:
-        data = await self._call("step", {"action": {"response": text}})
-        return bool(data.get("done"))
+        return bool((await self._call("step", {"response": text}))["done"])
 
     async def reset(self, seed: int) -> None:
-        await self._call("reset", {"seed": seed})
+        await self._call("reset", {**self.OPTIONS, "seed": seed})
 
     async def close(self) -> None:
         if self.ws is not None:
+            await self.ws.send(json.dumps({"type": "close"}))
             await self.ws.close()
 
 

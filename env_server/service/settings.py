@@ -75,13 +75,19 @@ class Settings(BaseSettings):
         "message (0: never waits). A lone client never waits. Requests that arrive while a "
         "worker's message is in flight are always queued and sent together when it answers.",
     )
+    prewarm: list[str] | None = Field(
+        default_factory=lambda: ["navigation", "primitive_skill"],
+        description="Heavy environments each worker builds once when it starts (shader "
+        "compilation, simulator start-up, the first instance's memory), if enabled and "
+        "available, so no user's create pays for it (comma-separated; empty: none).",
+    )
     coalesce_max_items: int = Field(
         512,
         ge=1,
         description="Most items in one coalesced message to a worker (1: no coalescing).",
     )
 
-    @field_validator("envs", "upstreams", "judge_urls", mode="before")
+    @field_validator("envs", "upstreams", "judge_urls", "prewarm", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         if isinstance(value, str):

@@ -4,7 +4,8 @@ The API process sends one message per batch call (all the items of this worker) 
 a pipe and gets one message back: a list of results in the same order, each a
 `SessionReply` or a `ServiceError`. Messages are pickled tuples
 `(request_id, op, payload)` -> `(request_id, result)`; the first message a worker
-sends is `(0, ("ready", pid))`.
+sends is `(0, ("ready", pid, {env: seconds its pre-warming took, or why it failed}))`,
+after it has pre-warmed the heavy environments it was given (see `Worker.prewarm`).
 
 Ops and payloads:
     envs   [(name, build an instance for its action space?)] -> [EnvSpec]
@@ -24,11 +25,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import logging
 import os
 import pickle
 import signal
+import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -92,6 +96,34 @@ class Worker:
     def __init__(self) -> None:
         self.sessions: dict[str, WorkerSession] = {}
         self._classes: dict[str, type[Environment]] = {}
+        self.warm: set[str] = set()  # envs whose first instance this process has made
+
+    def prewarm(self, names: Sequence[str]) -> dict[str, float | str]:
+        """Build, reset and close one instance of each env (shader compilation, simulator
+        start-up, the first instance's memory), so that no user's create pays for it.
+        Seconds each took, or why it could not (an env unavailable here is skipped)."""
+        took: dict[str, float | str] = {}
+        for name in names:
+            started = time.perf_counter()
+            try:
+                reason = registry.info(name).unavailable
+                if reason is not None:
+                    took[name] = f"unavailable here: {reason}"
+                    continue
+                cls = self._env_class(name)
+                env = cls(cls.Config())
+                try:
+                    env.reset(0)
+                finally:
+                    env.close()
+            except Exception as exc:  # noqa: BLE001  (a user's create will report it)
+                took[name] = f"{type(exc).__name__}: {exc}"
+                log.warning("pre-warming %s failed: %s", name, took[name])
+                continue
+            self.warm.add(name)
+            took[name] = round(time.perf_counter() - started, 3)
+            log.info("pre-warmed %s in %.2f s", name, took[name])
+        return took
 
     def _env_class(self, name: str) -> type[Environment]:
         """The class of `name`, looked up once (the registry scans entry points each time)."""
@@ -194,6 +226,7 @@ class Worker:
 
     def _create(self, item: tuple[str, dict[str, Any]]) -> SessionReply:
         session_id, options = item
+        started = time.perf_counter()
         try:
             cls = self._env_class(options["env"])
             config = cls.Config.model_validate(options.get("config") or {})
@@ -220,7 +253,11 @@ class Worker:
             obs=obs,
         )
         self.sessions[session_id] = session  # registered first: a failing reply drops it
-        return self._reply(session_id, session, None, start=True)
+        reply = self._reply(session_id, session, None, start=True)
+        if options["env"] not in self.warm:  # this create paid the env's warm-up here
+            self.warm.add(options["env"])
+            reply.info["warm_up_s"] = round(time.perf_counter() - started, 3)
+        return reply
 
     def _reset(self, item: tuple[str, int | None, str | None]) -> SessionReply:
         session_id, seed, encoding = item
@@ -408,7 +445,12 @@ def world_model_parts(score: Any, cfg: ReasoningConfig) -> tuple[float, float]:
     )
 
 
-def worker_main(conn: Connection, index: int, env_paths: dict[str, str] | None = None) -> None:
+def worker_main(
+    conn: Connection,
+    index: int,
+    env_paths: dict[str, str] | None = None,
+    prewarm: Sequence[str] = (),
+) -> None:
     """Entry point of a worker process: answer messages until the pipe closes."""
     for name, path in (env_paths or {}).items():
         registry.BUILTIN.setdefault(name, path)
@@ -418,7 +460,11 @@ def worker_main(conn: Connection, index: int, env_paths: dict[str, str] | None =
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # stderr, as the server's
     worker = Worker()
-    conn.send_bytes(pickle.dumps((0, ("ready", os.getpid()))))
+    warmed = worker.prewarm(prewarm)
+    # what exists now (modules, pre-warmed simulators) lives as long as the process: out of
+    # every later collection (full ones over it took 100-300 ms under load: step tails)
+    gc.freeze()
+    conn.send_bytes(pickle.dumps((0, ("ready", os.getpid(), warmed))))
     while True:
         try:
             data = conn.recv_bytes()
