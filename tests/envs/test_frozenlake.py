@@ -133,6 +133,8 @@ def test_text_render_mode_writes_the_map_in_the_observation():
     assert obs.text.endswith("____\n_GP_\n___O\n____")
     moved = env.step(acts("Left")).observation
     assert moved.text.endswith("____\n_√__\n___O\n____")
+    prompt = env.system_prompt(ResponseFormat.NO_THINK)
+    assert "as text" in prompt and "The image shows" not in prompt
 
 
 def test_step_before_reset_is_a_precondition_error():

@@ -270,14 +270,19 @@ class FrozenLakeEnv(Environment):
 
     def system_prompt(self, format: ResponseFormat | str) -> str:
         n = self.config.max_actions_per_turn
+        view = (
+            "The image shows the lake from above: light blue ice cells are safe, dark blue "
+            "holes are deadly, the cell with the flag (marked G) is the goal, the start cell "
+            "is marked S, and the small figure is you.\n"
+            if self.config.render_mode == "vision"
+            else "Each observation shows the lake as text.\n"
+        )
         return (
             "You are playing FrozenLake. Walk across the frozen lake to the goal without "
             "falling into a hole.\n"
             "Rules: you move one cell per action and never slip; walking off the edge of the "
             "lake does nothing; stepping into a hole ends the game; reaching the goal wins.\n"
-            "The image shows the lake from above: light blue ice cells are safe, dark blue "
-            "holes are deadly, the cell with the flag (marked G) is the goal, the start cell is marked S, and the small "
-            "figure is you.\n"
+            f"{view}"
             "As text, the lake is written one row per line, one symbol per cell: "
             f"{FROZEN} frozen ice, {HOLE} hole, {GOAL} goal, {PLAYER} you, {PLAYER_IN_HOLE} you in "
             f"a hole, {PLAYER_ON_GOAL} you on the goal. Positions are [row, column], row 0 at "
