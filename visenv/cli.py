@@ -4,6 +4,7 @@ visenv serve --port 8000 --grpc-port 50051 --workers 2
 visenv envs
 visenv train CONFIG          (provided by trainer/cli.py)
 visenv eval --server 127.0.0.1:50051 --endpoint http://127.0.0.1:8001/v1 --model NAME
+visenv levels sokoban --seeds 0:200 --out levels.jsonl [--policy random --server HOST:PORT]
 """
 
 from __future__ import annotations
@@ -241,6 +242,110 @@ def eval_model(
         raise typer.Exit(1) from None
     if summary.failed == summary.episodes:
         raise typer.Exit(1)
+
+
+@app.command("levels")
+# fmt: off
+def levels_command(
+    env: Annotated[str, typer.Argument(help="Environment name (see `visenv envs`).")],
+    seeds: Annotated[str, typer.Option(help="Level seeds A:B (A included, B not).")],
+    out: Annotated[str, typer.Option(help="The level file to write (JSON lines).")] = (
+        "levels.jsonl"),
+    config: Annotated[str, typer.Option(help="The environment's config, as JSON.")] = "{}",
+    server: Annotated[list[str] | None, typer.Option(
+        help="visenv server HOST:PORT for a policy's tries (repeatable).")] = None,
+    policy: Annotated[str | None, typer.Option(
+        help="Measure a policy's success too: 'random' (uniform moves, a baseline), "
+        "'endpoint' (--endpoint/--model) or 'local' (--model-path).")] = None,
+    endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible API root.")] = None,
+    model: Annotated[str | None, typer.Option(help="The served model name.")] = None,
+    model_path: Annotated[str | None, typer.Option(help="A local Hugging Face model.")] = None,
+    tries: Annotated[int, typer.Option(min=1, help="The policy's tries per level (K).")] = 8,
+    format: Annotated[str | None, typer.Option(
+        help="Response format.", show_default="no_think for random, else the env's")] = None,
+    max_turns: Annotated[int | None, typer.Option(min=1, help="Turns per try.")] = None,
+    temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
+    success_min: Annotated[float, typer.Option(help="Selection: lowest success rate.")] = 0.1,
+    success_max: Annotated[float, typer.Option(help="Selection: highest success rate.")] = 0.7,
+) -> None:  # fmt: on
+    """Score levels by difficulty (ThinkLite-VL): the oracle's solution length and, with a
+    policy, its success over K tries; print the difficulty histograms of all the levels and
+    of those a trainer with ppo.level_success_min/max would select."""
+    import json
+
+    from trainer import levels as lv
+
+    try:
+        first, _, last = seeds.partition(":")
+        seed_range = range(int(first), int(last))
+        env_config = json.loads(config)
+    except ValueError as exc:
+        raise typer.BadParameter(f"--seeds A:B and --config JSON: {exc}") from None
+    try:
+        found = [lv.Level(env, s, _oracle_length(env, env_config, s)) for s in seed_range]
+    except Exception as exc:  # an unknown env or a bad config
+        typer.secho(f"visenv levels: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
+    if policy is not None:
+        if not server:
+            raise typer.BadParameter("a policy's tries need --server")
+        from clients import EnvClient
+
+        with EnvClient(server) as client:
+            spec = next(s for s in client.list_envs() if s.name == env)
+            if policy == "random":
+                chosen: object = lv.RandomPolicy(spec.action_space or {})
+                format = format or "no_think"
+            elif policy == "endpoint" and endpoint and model:
+                from clients.openai_policy import OpenAIPolicy
+
+                chosen = OpenAIPolicy(endpoint, model, temperature=temperature)
+            elif policy == "local" and model_path:
+                from trainer.model import load_policy
+                from trainer.rollout import HFPolicy
+                from trainer.trajectory import ChatLayout
+
+                hf, processing = load_policy(model_path)
+                chosen = HFPolicy(hf, ChatLayout(processing), temperature=max(temperature, 1e-3),
+                                  max_new_tokens=200, batch_size=16)  # fmt: skip
+            else:
+                raise typer.BadParameter(
+                    "--policy random | endpoint (with --endpoint, --model) | local (--model-path)"
+                )
+            found = lv.measure_success(
+                client.run_episodes, chosen, found, tries, config=env_config, format=format,
+                max_turns=max_turns, progress=False,
+            )  # fmt: skip
+    lv.write_levels(out, found)
+    columns = {"all levels": lv.histogram(level.oracle_length for level in found)}
+    if policy is not None:
+        kept = lv.select_levels(found, success_min, success_max)
+        columns[f"success {success_min}..{success_max}"] = lv.histogram(
+            level.oracle_length for level in kept
+        )
+        typer.echo(f"{len(kept)} of {len(found)} levels have a success rate within "
+                   f"[{success_min}, {success_max}]")  # fmt: skip
+    typer.echo(f"wrote {len(found)} levels to {out}; oracle solution length (actions):")
+    typer.echo(lv.format_histograms(columns))
+
+
+def _oracle_length(env: str, config: dict, seed: int) -> int | None:
+    """Actions the environment's oracle takes from the start of level `seed` to success
+    (None if it does not succeed within the episode's turns)."""
+    from env_server.core import registry
+
+    cls = registry.load(env)
+    instance = cls(cls.Config.model_validate(config))
+    try:
+        instance.reset(seed)
+        actions = 0
+        while True:
+            transition = instance.step(instance.oracle_actions())
+            actions += transition.actions_executed
+            if transition.done:
+                return actions if transition.success else None
+    finally:
+        instance.close()
 
 
 def main() -> None:
