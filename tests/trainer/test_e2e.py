@@ -147,3 +147,22 @@ def test_lost_sessions_are_run_again_or_dropped(start_visenv_server, tiny_model_
     for ep, traj in zip(got.episodes, got.trajectories, strict=True):
         assert traj.ok and ep.n_turns == len(traj.turns) == len(ep.turn_rewards)
         assert all(t.response != "<answer>Exit</answer>" for t in traj.turns)
+
+
+def test_grpo_with_the_filter_runs_without_a_critic(visenv_server, tiny_model_path, tmp_path):
+    cfg = load_config(EXAMPLE, [
+        f"env.servers=['{visenv_server.grpc}']", "env.max_turns=1",
+        f"model.path='{tiny_model_path}'", "model.build_tiny=false",
+        f"run.out_dir='{tmp_path / 'grpo'}'", "run.progress=false",
+        "ppo.iterations=1", "ppo.episodes_per_iteration=4", "ppo.group_size=2",
+        "ppo.estimator=grpo", "ppo.filter_ratio=0.5", "ppo.kl_estimator=k3",
+        "generation.max_new_tokens=8",
+    ])  # fmt: skip
+    result = train(cfg)
+    m = result.history[0]
+    assert result.models.critic is None
+    assert m["groups"] == 2 and m["groups_kept"] == 1 and len(m["group_reward_std"]) == 2
+    assert "value_loss" not in m and "grad_norm_critic" not in m
+    assert math.isfinite(m["kl_loss"]) and m["kl_loss"] >= 0  # k3 is never negative
+    state = torch.load(latest_checkpoint(tmp_path / "grpo"), weights_only=False)
+    assert "critic" not in state and set(state["optimizers"]) == {"actor"}
