@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import torch
-
 import math
 
 import pytest
+import torch
 
 from trainer.ppo import aggregate, kl_estimate, ppo_losses
 from trainer.trajectory import token_logprobs_and_entropy
