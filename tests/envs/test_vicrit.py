@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
+from fastapi import FastAPI, Request
 from PIL import Image
 from pydantic import ValidationError
 
@@ -16,7 +20,9 @@ from env_server.envs.vicrit import caption as cap
 from env_server.reasoning.formats import SECTIONS, parse_response
 from env_server.reasoning.grading import grade_for_env, grading_state
 from env_server.reasoning.prompts import example_response, system_prompt
+from tests.conftest import serve_app
 
+ROOT = Path(__file__).resolve().parents[2]
 EQUAL = dict.fromkeys(cap.CATEGORIES, 1.0)
 
 
@@ -233,7 +239,7 @@ def test_snapshot_restore_replays_the_same_answer() -> None:
     assert first.reward == again.reward == pytest.approx(0.8) and again.info["attempt"] == 2
 
 
-def test_a_real_server_over_rest_and_grpc(start_visenv_server) -> None:
+def test_a_real_server_over_rest_grpc_and_visenv_eval(start_visenv_server, tmp_path) -> None:
     from clients import EnvClient, SessionOptions
 
     server = start_visenv_server(workers=1, envs="vicrit")
@@ -273,3 +279,24 @@ def test_a_real_server_over_rest_and_grpc(start_visenv_server) -> None:
         (right,) = client.step([sid], [f"<answer>{span}</answer>"])
         assert right.success and right.reward_parts.env == pytest.approx(0.8)
         assert right.info["attempt"] == 2
+    # `visenv eval` on vicrit: a model behind an OpenAI-style endpoint (a test double that
+    # always names the same span) plays default episodes through the same server
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        message = {"role": "assistant", "content": "<answer>purple barrel</answer>"}
+        return {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+
+    out = tmp_path / "eval.jsonl"
+    with serve_app(app) as url:
+        proc = subprocess.run(
+            [sys.executable, "-m", "visenv.cli", "eval", "--server", server.grpc,
+             "--endpoint", f"{url}/v1", "--model", "fixed", "--env", "vicrit",
+             "--episodes", "2", "--format", "no_think", "--out", str(out)],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 2 and all(r["ok"] and r["turns"] == 1 for r in records)
+    assert all(r["action_valid_rate"] == 1.0 and not r["success"] for r in records)
