@@ -105,8 +105,10 @@ class WorkerHandle:
         coalesce_window: float = 0.0,
         coalesce_max_items: int = 512,
         prewarm: Sequence[str] = (),
+        preload: Sequence[str] = (),
     ) -> None:
         self.index = index
+        self.preload = list(preload)  # envs whose modules the worker imports at start
         self.env_paths = dict(env_paths or {})
         self.prewarm = list(prewarm)  # envs the worker warms up before it says ready
         self.warmed: dict[str, float | str] = {}  # ... and how long each took (or why not)
@@ -139,7 +141,7 @@ class WorkerHandle:
         parent, child = self.ctx.Pipe(duplex=True)
         self.process = self.ctx.Process(
             target=worker_main,
-            args=(child, self.index, self.env_paths, self.prewarm),
+            args=(child, self.index, self.env_paths, self.prewarm, self.preload),
             name=f"visenv-worker-{self.index}",
             daemon=True,
         )
@@ -432,6 +434,7 @@ class EnvService:
             coalesce_window=self.settings.coalesce_window,
             coalesce_max_items=self.settings.coalesce_max_items,
             prewarm=[e for e in self.settings.prewarm or () if e in (self.settings.envs or [e])],
+            preload=self.settings.envs or [],
         )
 
     async def stop(self) -> None:

@@ -98,6 +98,14 @@ class Worker:
         self._classes: dict[str, type[Environment]] = {}
         self.warm: set[str] = set()  # envs whose first instance this process has made
 
+    def preload(self, names: Sequence[str]) -> None:
+        """Import the modules of these envs now (before gc.freeze), not at a first create."""
+        for name in names:
+            try:
+                self._env_class(name)
+            except Exception:  # noqa: BLE001  (unavailable or broken: a create will say so)
+                pass
+
     def prewarm(self, names: Sequence[str]) -> dict[str, float | str]:
         """Build, reset and close one instance of each env (shader compilation, simulator
         start-up, the first instance's memory), so that no user's create pays for it.
@@ -450,6 +458,7 @@ def worker_main(
     index: int,
     env_paths: dict[str, str] | None = None,
     prewarm: Sequence[str] = (),
+    preload: Sequence[str] = (),
 ) -> None:
     """Entry point of a worker process: answer messages until the pipe closes."""
     for name, path in (env_paths or {}).items():
@@ -460,6 +469,7 @@ def worker_main(
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # stderr, as the server's
     worker = Worker()
+    worker.preload(preload)
     warmed = worker.prewarm(prewarm)
     # what exists now (modules, pre-warmed simulators) lives as long as the process: out of
     # every later collection (full ones over it took 100-300 ms under load: step tails)
