@@ -122,7 +122,7 @@ def fork_item(f: pb.ForkItem) -> dict[str, Any]:
 
 
 def error_proto(err: ServiceError) -> pb.Error:
-    return pb.Error(code=err.code, message=err.message, field=err.field)
+    return pb.Error(code=err.code, message=err.message, field=err.field, error_id=err.error_id)
 
 
 def image_proto(im: EncodedImage) -> pb.Image:

@@ -53,7 +53,7 @@ def test_openapi_links_lead_from_create_to_the_session_operations(server):
     assert env["enum"] == ["frozenlake", "sokoban"]
 
 
-def test_schemathesis_finds_no_server_error(server):
+def test_schemathesis_finds_no_server_error(server, tmp_path):
     cmd = [
         str(SCHEMATHESIS), "run", server.url + "/openapi.json",
         "--checks", "not_a_server_error",
@@ -62,7 +62,7 @@ def test_schemathesis_finds_no_server_error(server):
         "--exclude-path", "/metrics",
         "--seed", "7",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     out = proc.stdout + proc.stderr
     print(out[-3000:])
     assert proc.returncode == 0, out[-6000:]

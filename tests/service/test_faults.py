@@ -81,8 +81,9 @@ def test_failed_create_and_reset_leave_no_session_grpc(server, stub):
         resp = stub.Create(pb.CreateRequest(items=[
             pb.SessionOptions(env="tiny", seed=666), pb.SessionOptions(env="tiny", seed=2),
         ]), timeout=30)  # fmt: skip
-        assert resp.results[0].error.code == "INTERNAL"
-        assert "err-" in resp.results[0].error.message
+        error = resp.results[0].error
+        assert error.code == "INTERNAL" and error.error_id.startswith("err-")
+        assert error.error_id in error.message
         sid = resp.results[1].reply.session_id
         assert _sessions(c) == before + 1
         # a reset that fails inside the environment ends that session, and says why

@@ -73,14 +73,16 @@ class SessionReply(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., env: _Optional[str] = ..., step_index: _Optional[int] = ..., episode: _Optional[int] = ..., turn: _Optional[int] = ..., observation: _Optional[_Union[Observation, _Mapping]] = ..., reward: _Optional[float] = ..., reward_parts: _Optional[_Union[RewardParts, _Mapping]] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., success: _Optional[bool] = ..., info_json: _Optional[str] = ..., system_prompt: _Optional[str] = ...) -> None: ...
 
 class Error(_message.Message):
-    __slots__ = ("code", "message", "field")
+    __slots__ = ("code", "message", "field", "error_id")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     FIELD_FIELD_NUMBER: _ClassVar[int]
+    ERROR_ID_FIELD_NUMBER: _ClassVar[int]
     code: str
     message: str
     field: str
-    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., field: _Optional[str] = ...) -> None: ...
+    error_id: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., field: _Optional[str] = ..., error_id: _Optional[str] = ...) -> None: ...
 
 class BatchItem(_message.Message):
     __slots__ = ("reply", "error")
