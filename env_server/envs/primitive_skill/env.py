@@ -151,9 +151,14 @@ class PrimitiveSkillEnv(Environment):
     def reset(self, seed: int) -> Observation:
         if self._closed:
             raise EnvError("environment is closed", code="FAILED_PRECONDITION")
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+            raise EnvError(f"seed must be a non-negative integer, got {seed!r}")
+        seed = int(seed)
         rng = np.random.default_rng(seed)
         self.scene.layout = self.task.sample_layout(rng)
-        self.scene.reset(seed=seed)
+        # a rebuilt PhysX scene: one that kept the last episode's contact caches would play
+        # the same seed a few millimetres differently (about 1 s; the first build is slower)
+        self.scene.reset(seed=seed, options={"reconfigure": True})
         self.arm = self._make_arm()
         self.skills = self._make_skills(self.arm, self.task)
         self.arm.wait(5)  # let the objects settle on the table
@@ -166,6 +171,8 @@ class PrimitiveSkillEnv(Environment):
         return self._observation(header="[Initial observation]")
 
     def step(self, actions: list[Action]) -> Transition:
+        if self._seed is None:
+            raise EnvError("step() before reset(): reset the episode first", "FAILED_PRECONDITION")
         if self._done:
             raise EnvError("the episode has ended; reset it first", code="FAILED_PRECONDITION")
         from .controller import PrimitiveError
@@ -261,7 +268,8 @@ class PrimitiveSkillEnv(Environment):
 
     # ---- state -------------------------------------------------------------------
     def _stages(self) -> list[bool]:
-        return self.task.stages(self.task.positions(), self.skills.grasped())
+        stages = self.task.stages(self.task.positions(), self.skills.grasped())
+        return [bool(stage) for stage in stages]  # plain bools: numpy's are not JSON
 
     def ground_truth(self) -> dict[str, Any]:
         if self._seed is None:

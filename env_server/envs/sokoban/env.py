@@ -10,7 +10,7 @@ import json
 from typing import Annotated, Any, ClassVar
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from env_server.core import (
     Action,
@@ -68,14 +68,26 @@ class SokobanConfig(EnvConfig):
     box_off_target_reward: float = Field(-1.0, description="Reward for pushing a box off a target.")
     solved_reward: float = Field(10.0, description="Bonus when every box is on a target.")
 
-    @model_validator(mode="after")
-    def _check(self) -> SokobanConfig:
-        if self.min_solution_length > self.max_solution_length:
-            raise ValueError("min_solution_length must not exceed max_solution_length")
-        rows, cols = self.dim_room
-        if (rows - 2) * (cols - 2) < 2 * self.num_boxes + 2:
-            raise ValueError(f"dim_room {rows}x{cols} is too small for {self.num_boxes} boxes")
-        return self
+    # field validators (not a model validator) so that the error's loc names a field;
+    # each checks against fields declared before it, which pydantic has validated already
+    @field_validator("num_boxes")
+    @classmethod
+    def _room_fits_boxes(cls, num_boxes: int, info: ValidationInfo) -> int:
+        if "dim_room" in info.data:
+            rows, cols = info.data["dim_room"]
+            if (rows - 2) * (cols - 2) < 2 * num_boxes + 2:
+                raise ValueError(f"dim_room {rows}x{cols} is too small for {num_boxes} boxes")
+        return num_boxes
+
+    @field_validator("max_solution_length")
+    @classmethod
+    def _bounds_in_order(cls, longest: int, info: ValidationInfo) -> int:
+        shortest = info.data.get("min_solution_length")
+        if shortest is not None and shortest > longest:
+            raise ValueError(
+                f"min_solution_length ({shortest}) must not exceed max_solution_length ({longest})"
+            )
+        return longest
 
 
 class SokobanEnv(Environment):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from env_server.core import (
     IMAGE_PLACEHOLDER,
@@ -110,11 +110,12 @@ class SvgConfig(FeedbackConfig):
         512, ge=64, le=16_384, description="Memory limit of the render process."
     )
 
-    @model_validator(mode="after")
-    def _one_source(self) -> SvgConfig:
-        if self.svg_dir and self.jsonl_path:
+    @field_validator("jsonl_path")
+    @classmethod
+    def _one_source(cls, jsonl_path: str | None, info: ValidationInfo) -> str | None:
+        if jsonl_path and info.data.get("svg_dir"):  # a field validator: the error names a field
             raise ValueError("give svg_dir or jsonl_path, not both")
-        return self
+        return jsonl_path
 
     def limits(self) -> Limits:
         return Limits(
@@ -188,7 +189,9 @@ class SvgEnv(Environment):
         )
 
     def reset(self, seed: int) -> Observation:
-        rng = np.random.default_rng(seed)
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+            raise EnvError(f"seed must be a non-negative integer, got {seed!r}")
+        rng = np.random.default_rng(int(seed))
         icon = self.icons[int(rng.integers(len(self.icons)))]
         target_svg = icon.source(self.config.max_svg_bytes)
         try:
