@@ -238,10 +238,24 @@ class AI2ThorBackend(Backend):
             target_type=target["objectType"],
             scene=scene,
             agent_position=(start["x"], start["y"], start["z"]),
-            agent_rotation=float(90 * int(rng.integers(4))),
+            agent_rotation=0.0,
             agent_horizon=0.0,
         )
         self.reset(task)
+        # face into the room, as the paper's tasks do: the first heading with an object in view
+        for quarter in rng.permutation(4):
+            task.agent_rotation = float(90 * int(quarter))
+            self.event = self.controller.step(
+                action="TeleportFull",
+                position={"x": start["x"], "y": start["y"], "z": start["z"]},
+                rotation={"x": 0, "y": task.agent_rotation, "z": 0},
+                horizon=0.0,
+                standing=True,
+            )
+            if any(o.visible for o in self.objects()):
+                break
+        else:
+            return None
         plan = self.plan(task.target_id, max_actions)
         if plan is None or len(plan) < 2:
             return None

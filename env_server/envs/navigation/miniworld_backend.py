@@ -114,6 +114,7 @@ MESHES = {
 MAX_VIEW_DISTANCE = 12.0
 CAMERA_HEIGHT = 1.2  # eye height, metres (MiniWorld's default 1.5 hides objects near the feet)
 GENERATION_ATTEMPTS = 60
+START_TRIES = 20  # start cells tried per layout for one that sees an object
 
 
 @dataclass(frozen=True)
@@ -442,10 +443,15 @@ class MiniWorldBackend(Backend):
             and math.dist(self.cell_xz(cell), (target.x, target.z))
             >= self.settings.success_distance + 1.0
         ]
-        if not candidates:
+        # a start that faces into the room, as the paper's tasks do: some object in view
+        for index in rng.permutation(len(candidates))[:START_TRIES]:
+            cell = candidates[int(index)]
+            headings = [h for h in range(4) if self._sees_an_object(cell, h)]
+            if headings:
+                break
+        else:
             return None
-        cell = candidates[int(rng.integers(len(candidates)))]
-        heading = int(rng.integers(4))
+        heading = headings[int(rng.integers(len(headings)))]
         self._set_agent(cell, heading, 0.0)
         plan = self.plan(target.id, max_actions)
         if plan is None or len(plan) < 2:
@@ -474,6 +480,12 @@ class MiniWorldBackend(Backend):
         )
         self.task = task
         return task
+
+    def _sees_an_object(self, cell: tuple[int, int], heading: int) -> bool:
+        """Whether an object (the target or another) is in view from `cell` facing
+        `heading`, the camera level."""
+        self._set_agent(cell, heading, 0.0)
+        return any(o.visible for o in self.objects())
 
     # ---- Backend ----------------------------------------------------------------------
     def _load(self, layout: Layout, agent: tuple[float, float, float]) -> None:
