@@ -473,6 +473,15 @@ class AsyncEnvClient:
 
         return await run_episodes(self, policy, env, seeds, **kwargs)
 
+    async def run_branches(
+        self, policy: Any, source: Any, turn: int, n: int, **kwargs: Any
+    ) -> list[Any]:
+        """n episodes that continue `source` from its turn `turn`; see
+        `clients.rollout.run_branches`."""
+        from .rollout import run_branches
+
+        return await run_branches(self, policy, source, turn, n, **kwargs)
+
 
 class _LoopThread:
     """An event loop running in a daemon thread, for the sync client."""
@@ -577,3 +586,8 @@ class EnvClient:
     def run_episodes(self, policy: Any, env: str, seeds: Sequence[int], **kwargs: Any) -> list[Any]:
         """Run whole episodes in batches; see `clients.rollout.run_episodes`."""
         return self._loop.run(self._client.run_episodes(policy, env, seeds, **kwargs))
+
+    def run_branches(self, policy: Any, source: Any, turn: int, n: int, **kwargs: Any) -> list[Any]:
+        """n episodes that continue `source` from its turn `turn`; see
+        `clients.rollout.run_branches`."""
+        return self._loop.run(self._client.run_branches(policy, source, turn, n, **kwargs))

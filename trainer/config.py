@@ -144,6 +144,27 @@ class PPOSection(_Strict):
     filter_by: Literal["std", "max_mean"] = Field(
         "std", description="StarPO-S filter score of a group: reward std, or max - mean"
     )
+    axpo: bool = Field(
+        False,
+        description="AXPO: resample each all-wrong level group from a fixed reasoning prefix "
+        "through session fork (trainer/axpo.py); needs group_size >= 2",
+    )
+    axpo_samples: int | None = Field(
+        None, ge=1, description="AXPO: new episodes per all-wrong group (default: group_size)"
+    )
+    axpo_branch: Literal["uncertainty", "last"] = Field(
+        "uncertainty",
+        description="AXPO: branch at the turn whose action the policy was least sure of "
+        "(mean entropy), or at the last turn",
+    )
+    level_file: str | None = Field(
+        None,
+        description="train on the levels of this file (`visenv levels`, trainer/levels.py) "
+        "whose success rate is within [level_success_min, level_success_max]; its seeds "
+        "are played as they are",
+    )
+    level_success_min: float = Field(0.0, ge=0, le=1)
+    level_success_max: float = Field(1.0, ge=0, le=1)
 
     @property
     def kl_in(self) -> str:
@@ -169,6 +190,13 @@ class PPOSection(_Strict):
                 "ppo.filter_ratio: the StarPO-S filter ranks groups by their reward "
                 "spread, so it needs group_size >= 2"
             )
+        if self.axpo and self.group_size < 2:
+            raise ValueError(
+                "ppo.axpo resamples groups where every episode of a level failed, so it "
+                "needs group_size >= 2"
+            )
+        if self.level_success_min > self.level_success_max:
+            raise ValueError("ppo.level_success_min must not exceed ppo.level_success_max")
         if self.episodes_per_iteration % self.group_size:
             raise ValueError(
                 "ppo.episodes_per_iteration must be a multiple of ppo.group_size"

@@ -40,6 +40,7 @@ from clients.client import EnvClient
 from clients.eval import train_level_seed
 
 from .advantages import ESTIMATORS, AdvantageInputs, masked_mean, masked_whiten
+from .axpo import axpo_round
 from .config import TrainConfig
 from .distributed import (
     as_float,
@@ -55,6 +56,7 @@ from .distributed import (
     wrap_for_processes,
 )
 from .groups import filter_groups
+from .levels import selected_seeds
 from .model import Critic, build_tiny_qwen, hidden_size_of, load_policy
 from .rollout import collect, policy_factory
 from .trajectory import Batch, ChatLayout, EpisodeTokens, collate, policy_forward
@@ -238,6 +240,12 @@ def level_seeds(cfg: TrainConfig, iteration: int, rank: int, world: int) -> list
     first = (iteration * world + rank) * levels
     pool = cfg.ppo.level_pool
     index = [(first + i) % pool if pool else first + i for i in range(levels)]
+    if cfg.ppo.level_file:  # levels chosen by measured difficulty (ThinkLite-VL)
+        p = cfg.ppo
+        chosen = selected_seeds(
+            p.level_file, p.level_success_min, p.level_success_max, cfg.env.name
+        )
+        return [chosen[i % len(chosen)] for i in index for _ in range(p.group_size)]
     return [train_level_seed(cfg.run.seed, i) for i in index for _ in range(cfg.ppo.group_size)]
 
 
@@ -513,10 +521,16 @@ def train(cfg: TrainConfig) -> TrainResult:
                 retry_wait=cfg.run.retry_wait,
                 **episode_options,
             )
+            resampled, axpo_metrics = [], {}
+            if p.axpo:  # all-wrong groups resampled from a fixed reasoning prefix
+                resampled, axpo_metrics = axpo_round(
+                    cfg, models, client, collected, episode_options, device
+                )
             release_weights(models.actor)
             t_rollout = time.perf_counter() - t0
-            episodes = collected.episodes
-            metrics: dict[str, Any] = {"iteration": iteration, **episode_metrics(episodes)}
+            episodes = collected.episodes + resampled
+            metrics: dict[str, Any] = {"iteration": iteration}
+            metrics |= episode_metrics(collected.episodes) | axpo_metrics  # as sampled, not AXPO's
 
             # b. groups (StarPO-S) ----------------------------------------------------------
             if p.group_size > 1:
