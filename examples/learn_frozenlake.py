@@ -1,26 +1,36 @@
-"""Learning demonstration on CPU: a tiny Qwen2.5-VL learns FrozenLake over the network.
+"""Does the trainer learn? FrozenLake on held-out levels, beside simple baselines.
 
-    .venv/bin/python examples/learn_frozenlake.py [--out runs/learn-frozenlake] [--plot docs/learn_frozenlake.png]
+    nice -n 10 .venv/bin/python examples/learn_frozenlake.py \\
+        --json docs/learn_frozenlake.json --plot docs/learn_frozenlake.png
 
-1. Start a real `visenv serve` (FrozenLake only) on free local ports.
-2. Write a tiny random Qwen2.5-VL (offline tokenizer, no downloads).
-3. Oracle episodes: a planner reads each observation's ground truth from the server
-   (player, goal, holes), finds a shortest safe path, and answers in the world-modeling
-   format (`<think><reasoning>..</reasoning><prediction>..</prediction></think><answer>..</answer>`)
-   with the prediction written from the state its moves lead to. These go through the
-   same client, the same chat layout and the same server grading as the agent's.
-4. Supervised warm-up on those episodes (cross-entropy on the response tokens only).
-5. PPO with Bi-Level GAE (`trainer.ppo.train`) on the same pool of levels.
-6. Greedy evaluation before and after each stage: success rate, reward, the
-   world-model (prediction) score and the share of well-formed answers.
+What it does, on CPU with one thread, against a real `visenv serve`:
 
-Numbers and the learning-curve plot land in `--out`; `--plot` copies the plot.
+1. Levels. FrozenLake 4x4 with a random start and goal. Training levels come from each
+   run seed's training range (`clients.eval.train_level_seed`); the held-out levels
+   from the evaluation range (`clients.eval.eval_level_seeds`), with every level whose
+   map (holes, start, goal) equals a training level's removed.
+2. Baselines on the held-out levels: random actions; the best fixed plan (the action
+   sequence that solves most of 1,000 training levels, found by exhaustive search);
+   the oracle (a shortest safe path, the ceiling).
+3. Per training seed: a tiny random Qwen2.5-VL, supervised warm-up on oracle episodes
+   of training levels (the "warm-up alone" arm), then from that same warm-up PPO with
+   each estimator at the same budget: bi_level (Bi-Level GAE), gae (token-level, one
+   reward at the end: VAGEN-Base), turn_wise, grpo, and bi_level with the StarPO-S
+   group filter. Every trained policy is evaluated greedily on the held-out levels.
+4. Two observation variants: `text` (the map as a grid of symbols in the observation)
+   for every arm, and `vision` (the image only) for the warm-up and bi_level, to see
+   whether the tiny random vision tower reads the map at all.
+
+Results (per seed, mean, spread, 95% interval over seeds) go to `--json` after every
+arm (a run cut short keeps what it measured), and a plot to `--plot`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import random
 import re
 import shutil
 import signal
@@ -28,25 +38,41 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 from clients.client import EnvClient
-from clients.rollout import PolicyInput
+from clients.eval import eval_level_seeds, train_level_seed
+from clients.rollout import PolicyInput, Trajectory
 from clients.types import SessionOptions
+from env_server.envs.frozenlake.env import generate_map  # the server's own generator
 from trainer.config import load_config
 from trainer.model import build_tiny_qwen, load_policy, save_policy
 from trainer.ppo import train
-from trainer.rollout import HFPolicy, collect
+from trainer.rollout import HFPolicy, attach_rewards
 from trainer.trajectory import ChatLayout, EpisodeTokens, collate, policy_forward
 
 ENV = "frozenlake"
-FORMAT = "worldmodeling"
-MOVES = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
-MAX_TURNS = 3
-ENV_CONFIG = {"image_size": 112, "max_turns": MAX_TURNS}
+FORMAT = "no_think"
+SIZE, P_FROZEN = 4, 0.8
+MAX_TURNS, PER_TURN = 3, 3
+MOVES = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
+ARMS = {  # PPO arms: config overrides on top of the common ones
+    "bi_level": ["ppo.estimator=bi_level"],
+    "gae": ["ppo.estimator=gae"],
+    "turn_wise": ["ppo.estimator=turn_wise"],
+    "grpo": ["ppo.estimator=grpo"],
+    "bi_level+filter": ["ppo.estimator=bi_level", "ppo.filter_ratio=0.5", "ppo.clip_high=0.28"],
+}
+
+
+def env_config(variant: str) -> dict[str, Any]:
+    mode = {"text": "text", "vision": "vision"}[variant]
+    return {"size": SIZE, "p": P_FROZEN, "max_turns": MAX_TURNS, "image_size": 112,
+            "render_mode": mode}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- server
@@ -76,34 +102,67 @@ def start_server() -> tuple[subprocess.Popen, str]:
     return proc, found[0]
 
 
-# ----------------------------------------------------------------------------- the oracle
+# ----------------------------------------------------------------------------- levels
 
 
-def relation(anchor: list[int], pos: list[int]) -> str:
-    """The spatial phrase the graders read (env_server/core/spatial.py's vocabulary)."""
-    dr, dc = pos[0] - anchor[0], pos[1] - anchor[1]
-    v = "same row" if dr == 0 else ("above" if dr < 0 else "below")
-    h = "same column" if dc == 0 else ("left" if dc < 0 else "right")
-    if dr == 0 and dc == 0:
-        return "at the same position as"
-    if dr == 0:
-        return f"in the same row, to the {h} of"
-    if dc == 0:
-        return f"in the same column, {v}"
-    return f"{v} and to the {h} of"
+def level_key(seed: int) -> tuple[str, ...]:
+    """A level's map (holes, start, goal), as the server draws it from the seed."""
+    return generate_map(SIZE, P_FROZEN, seed)
 
 
-def describe(player: list[int], goal: list[int], holes: list[list[int]]) -> str:
-    sentences = [f"The goal is {relation(player, goal)} the player."]
-    sentences += [f"The hole is {relation(player, h)} the player." for h in holes]
-    return " ".join(sentences)
+def held_out_levels(n: int, training: set[tuple[str, ...]]) -> tuple[list[int], int]:
+    """n evaluation-range seeds with distinct maps, none equal to a training map;
+    returns them and how many candidates were dropped as duplicates."""
+    seeds, seen, dropped = [], set(training), 0
+    for seed in eval_level_seeds(0, 10 * n):
+        key = level_key(seed)
+        if key in seen:
+            dropped += 1
+            continue
+        seen.add(key)
+        seeds.append(seed)
+        if len(seeds) == n:
+            return seeds, dropped
+    raise RuntimeError("not enough distinct held-out levels")
+
+
+def best_fixed_plan(seeds: list[int], length: int) -> tuple[list[str], float]:
+    """The action sequence of `length` moves (or a prefix of it) that solves the most of
+    these levels, by exhaustive search over 4**length sequences, all levels at once."""
+    maps = [level_key(s) for s in seeds]
+    grid = np.array([[list(row) for row in m] for m in maps])  # (levels, size, size)
+    hole, goal = grid == "H", grid == "G"
+    start = np.array([np.argwhere(g == "S")[0] for g in grid])
+    idx = np.arange(len(seeds))
+    names = list(MOVES)
+    deltas = np.array([MOVES[n] for n in names])
+    best: list[Any] = [-1, []]
+
+    def search(pos: np.ndarray, alive: np.ndarray, won: np.ndarray, plan: list[int]) -> None:
+        count = int(won.sum())
+        if count > best[0]:
+            best[0], best[1] = count, list(plan)
+        if len(plan) == length or not alive.any():
+            return
+        for a in range(4):
+            nxt = np.where(alive[:, None], np.clip(pos + deltas[a], 0, SIZE - 1), pos)
+            fell = alive & hole[idx, nxt[:, 0], nxt[:, 1]]
+            arrived = alive & goal[idx, nxt[:, 0], nxt[:, 1]]
+            search(nxt, alive & ~fell & ~arrived, won | arrived, plan + [a])
+
+    search(start, np.ones(len(seeds), bool), np.zeros(len(seeds), bool), [])
+    return [names[a] for a in best[1]], best[0] / len(seeds)
+
+
+# ----------------------------------------------------------------------------- policies
 
 
 def shortest_path(gt: dict) -> list[str]:
-    rows, cols = gt["grid_size"]
+    from collections import deque
+
     start, goal = tuple(gt["player"]), tuple(gt["goal"])
     holes = {tuple(h) for h in gt["holes"]}
-    prev: dict[tuple, tuple | None] = {start: None}
+    prev: dict[tuple, Any] = {start: None}
     queue = deque([start])
     while queue:
         cell = queue.popleft()
@@ -111,104 +170,91 @@ def shortest_path(gt: dict) -> list[str]:
             break
         for name, (dr, dc) in MOVES.items():
             nxt = (cell[0] + dr, cell[1] + dc)
-            if 0 <= nxt[0] < rows and 0 <= nxt[1] < cols and nxt not in holes and nxt not in prev:
-                prev[nxt] = (cell, name)  # type: ignore[assignment]
+            if 0 <= nxt[0] < SIZE and 0 <= nxt[1] < SIZE and nxt not in holes and nxt not in prev:
+                prev[nxt] = (cell, name)
                 queue.append(nxt)
     path: list[str] = []
     cell = goal
     while prev.get(cell) is not None:
-        cell, name = prev[cell]  # type: ignore[misc]
+        cell, name = prev[cell]
         path.append(name)
     return path[::-1]
 
 
-def oracle_response(gt: dict, max_actions: int = 3) -> str:
-    moves = shortest_path(gt)[:max_actions] or ["Down"]
-    player = list(gt["player"])
-    for m in moves:
-        player = [player[0] + MOVES[m][0], player[1] + MOVES[m][1]]
-    prediction = describe(player, gt["goal"], gt["holes"])
-    return (
-        f"<think><reasoning>Safe path.</reasoning>"
-        f"<prediction>{prediction}</prediction></think><answer>{', '.join(moves)}</answer>"
-    )
+def answer(moves: list[str]) -> str:
+    return f"<answer>{', '.join(moves or ['Up'])}</answer>"
 
 
-class OraclePolicy:
-    """Answers the planner's response and lays it out as tokens, like HFPolicy does."""
+class ScriptedPolicy:
+    """Answers `choose(input) -> moves`; with a layout, also lays the episode out as
+    tokens (system, observations, the answer's tokens) as HFPolicy does."""
 
-    def __init__(self, layout: ChatLayout) -> None:
+    def __init__(self, choose, layout: ChatLayout | None = None) -> None:
+        self.choose = choose
         self.layout = layout
         self.episodes: dict[int, EpisodeTokens] = {}
 
     def __call__(self, batch: list[PolicyInput]) -> list[str]:
         texts = []
         for inp in batch:
-            ep = self.episodes.setdefault(inp.episode, EpisodeTokens())
-            if inp.turn == 0:
-                self.layout.system(ep, inp.system_prompt)
-            self.layout.user(
-                ep, inp.observation.text, [im.to_array() for im in inp.observation.images]
-            )
-            text = oracle_response(inp.observation.ground_truth)
-            ids = self.layout.tok(text, add_special_tokens=False).input_ids + [
-                self.layout.im_end_id
-            ]
-            self.layout.response(ep, ids)
+            text = answer(self.choose(inp))
+            if self.layout is not None:
+                ep = self.episodes.setdefault(inp.episode, EpisodeTokens())
+                if inp.turn == 0:
+                    self.layout.system(ep, inp.system_prompt)
+                images = [im.to_array() for im in inp.observation.images]
+                self.layout.user(ep, inp.observation.text, images)
+                ids = self.layout.tok(text, add_special_tokens=False).input_ids
+                self.layout.response(ep, ids + [self.layout.im_end_id])
             texts.append(text)
         return texts
+
+
+def oracle(inp: PolicyInput) -> list[str]:
+    return shortest_path(inp.observation.ground_truth)[:PER_TURN]
 
 
 # ----------------------------------------------------------------------------- evaluation
 
 
-def evaluate(
-    client: EnvClient, model, layout: ChatLayout, seeds: list[int], max_new_tokens: int
-) -> dict:
-    model.eval()
-    got = collect(client, lambda: HFPolicy(model, layout, temperature=1.0, max_new_tokens=max_new_tokens,
-                                           batch_size=16, greedy=True),
-                  ENV, seeds, config=ENV_CONFIG, format=FORMAT, max_turns=MAX_TURNS, progress=False)  # fmt: skip
-    infos = [e.info for e in got.episodes]
-    mean = lambda k: sum(i.get(k, 0.0) for i in infos) / max(1, len(infos))  # noqa: E731
-    turns = [t for tr in got.trajectories for t in tr.turns]
-    scores = [
-        float(t.info["prediction_score"])
-        for t in turns
-        if t.info.get("prediction_score") is not None
-    ]
+def summary(trajs: list[Trajectory]) -> dict[str, Any]:
+    ok = [t for t in trajs if t.ok]
+    if len(ok) != len(trajs):
+        raise RuntimeError(f"{len(trajs) - len(ok)} evaluation episodes failed")
     return {
-        "episodes": len(infos),
-        "success_rate": mean("success"),
-        "reward": mean("reward"),
-        "valid_answer_rate": sum(bool(t.info.get("action_valid")) for t in turns)
-        / max(1, len(turns)),
-        # world-model score over every turn (an unparseable answer counts as 0)
-        "prediction_score": sum(scores) / max(1, len(turns)),
-        "reward_prediction": mean("reward_prediction"),
-        "reward_format": mean("reward_format"),
+        "episodes": len(ok),
+        "success_rate": float(np.mean([t.success for t in ok])),
+        "reward": float(np.mean([t.total_reward for t in ok])),
+        "valid_answer_rate": float(
+            np.mean([bool(x.info.get("action_valid")) for t in ok for x in t.turns])
+        ),
     }
+
+
+def play(client: EnvClient, policy, seeds: list[int], variant: str) -> dict[str, Any]:
+    trajs = client.run_episodes(policy, ENV, seeds, config=env_config(variant), format=FORMAT,
+                                max_turns=MAX_TURNS, progress=False)  # fmt: skip
+    return summary(trajs)
+
+
+def evaluate_model(client, model, layout, seeds, variant, max_new_tokens) -> dict[str, Any]:
+    model.eval()
+    policy = HFPolicy(model, layout, temperature=1.0, max_new_tokens=max_new_tokens,
+                      batch_size=64, greedy=True)  # fmt: skip
+    return play(client, policy, seeds, variant)
 
 
 # ----------------------------------------------------------------------------- warm-up
 
 
-def warm_up(
-    model,
-    layout: ChatLayout,
-    episodes: list[EpisodeTokens],
-    epochs: int,
-    lr: float,
-    seed: int,
-    batch_size: int = 4,
-) -> list[float]:
+def warm_up(model, layout, episodes, epochs: int, lr: float, seed: int, batch_size: int = 8):
     """Supervised fine-tuning: cross-entropy on the response tokens of oracle episodes."""
     image_id = layout.tok.convert_tokens_to_ids(layout.p.image_token)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed)
     losses = []
     model.train()
-    for epoch in range(epochs):
+    for _ in range(epochs):
         total, count = 0.0, 0
         for idx in torch.randperm(len(episodes), generator=g).split(batch_size):
             batch = collate([episodes[i] for i in idx.tolist()], layout.pad_id, image_id)
@@ -221,8 +267,23 @@ def warm_up(
             opt.step()
             total, count = total + loss.item(), count + 1
         losses.append(total / count)
-        print(f"  warm-up epoch {epoch + 1}/{epochs}: loss {losses[-1]:.3f}", flush=True)
     return losses
+
+
+# ----------------------------------------------------------------------------- statistics
+
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 9: 2.262}
+
+
+def over_seeds(values: list[float]) -> dict[str, Any]:
+    """Mean, sample std and a 95% t-interval over training seeds."""
+    v = np.asarray(values, dtype=float)
+    out: dict[str, Any] = {"per_seed": [float(x) for x in v], "mean": float(v.mean())}
+    if len(v) > 1:
+        std = float(v.std(ddof=1))
+        half = T_975.get(len(v) - 1, 1.96) * std / math.sqrt(len(v))
+        out |= {"std": std, "ci95": [float(v.mean() - half), float(v.mean() + half)]}
+    return out
 
 
 # ----------------------------------------------------------------------------- main
@@ -231,127 +292,211 @@ def warm_up(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/learn-frozenlake")
-    ap.add_argument("--levels", type=int, default=16, help="size of the level pool")
-    ap.add_argument("--warmup-epochs", type=int, default=18)
-    ap.add_argument("--warmup-lr", type=float, default=5e-3)
-    ap.add_argument("--hidden", type=int, default=64, help="hidden size of the tiny model")
+    ap.add_argument("--json", default=None, help="write the results here (after every arm)")
+    ap.add_argument("--plot", default=None, help="write the summary plot here")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds")
+    ap.add_argument("--variants", nargs="+", default=["text", "vision"])
+    ap.add_argument("--arms", nargs="+", default=list(ARMS))
+    ap.add_argument("--vision-arms", nargs="+", default=["bi_level"])
+    ap.add_argument("--eval-levels", type=int, default=100)
+    ap.add_argument("--demo-levels", type=int, default=128, help="warm-up levels per seed")
+    ap.add_argument("--plan-levels", type=int, default=1000, help="levels the fixed plan is fit on")
+    ap.add_argument("--warmup-epochs", type=int, default=8)
+    ap.add_argument("--warmup-lr", type=float, default=3e-3)
+    ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--ppo-iterations", type=int, default=25)
+    ap.add_argument("--ppo-iterations", type=int, default=8)
     ap.add_argument("--episodes", type=int, default=16, help="episodes per PPO iteration")
-    ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature in PPO")
-    ap.add_argument("--actor-lr", type=float, default=3e-5)
+    ap.add_argument("--group-size", type=int, default=4, help="episodes per level, every arm")
+    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature in PPO")
+    ap.add_argument("--actor-lr", type=float, default=1e-4)
     ap.add_argument("--critic-lr", type=float, default=1e-2)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--ppo-epochs", type=int, default=2, help="passes over each iteration's data")
-    ap.add_argument("--kl-coef", type=float, default=0.001)
-    ap.add_argument("--entropy-coef", type=float, default=0.0)
-    ap.add_argument("--plot", default=None, help="copy the learning-curve plot here")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--ppo-epochs", type=int, default=2)
     args = ap.parse_args()
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    report: dict = {"args": vars(args)}
     t_start = time.time()
+    report: dict[str, Any] = {"args": vars(args), "env": env_config("text") | {"format": FORMAT}}
+
+    def save() -> None:
+        report["seconds"] = time.time() - t_start
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=1))
+
+    # levels ---------------------------------------------------------------------------
+    training = {level_key(train_level_seed(s, i)) for s in args.seeds
+                for i in range(max(args.demo_levels, args.ppo_iterations * args.episodes))}  # fmt: skip
+    plan_seeds = [train_level_seed(0, i) for i in range(args.plan_levels)]
+    training |= {level_key(s) for s in plan_seeds}
+    eval_seeds, dropped = held_out_levels(args.eval_levels, training)
+    report["levels"] = {"held_out": len(eval_seeds), "held_out_first": eval_seeds[0],
+                        "duplicates_dropped": dropped, "training_maps": len(training)}  # fmt: skip
+    t0 = time.time()
+    plan, plan_fit = best_fixed_plan(plan_seeds, MAX_TURNS * PER_TURN)
+    report["best_fixed_plan"] = {"plan": plan, "success_on_fit_levels": plan_fit,
+                                 "fit_levels": len(plan_seeds), "search_seconds": time.time() - t0}  # fmt: skip
+    report["best_fixed_plan"]["success_by_length"] = {
+        n: best_fixed_plan(plan_seeds, n)[1] for n in range(1, MAX_TURNS * PER_TURN)
+    } | {MAX_TURNS * PER_TURN: plan_fit}
+    print("best fixed plan:", report["best_fixed_plan"], flush=True)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the server on the way out
     proc, address = start_server()
     try:
         client = EnvClient(address)
-        seeds = [args.seed * 1_000_000 + i for i in range(args.levels)]  # the pool PPO cycles over
-        # the tokenizer learns its merges from this environment's prompt and oracle answers
-        first = client.create(SessionOptions(ENV, config=ENV_CONFIG, seed=seeds[0], format=FORMAT))[
-            0
-        ]
-        corpus = [first.system_prompt, first.observation.text] * 8 + [
-            oracle_response(first.observation.ground_truth)
-        ] * 4
-        client.close([first.session_id])
-        path = build_tiny_qwen(
-            out / "tiny",
-            seed=args.seed,
-            hidden_size=args.hidden,
-            layers=args.layers,
-            vocab_size=1024,
-            corpus=corpus,
-        )
-        model, processing = load_policy(path)
-        layout = ChatLayout(processing)
+        # baselines -------------------------------------------------------------------
+        rng = random.Random(0)
 
-        oracle = OraclePolicy(layout)
-        trajs = client.run_episodes(
-            oracle, ENV, seeds, config=ENV_CONFIG, format=FORMAT, max_turns=MAX_TURNS
-        )
-        from trainer.rollout import attach_rewards
+        def fixed(inp: PolicyInput) -> list[str]:
+            return plan[PER_TURN * inp.turn : PER_TURN * (inp.turn + 1)]
 
-        demos = [attach_rewards(oracle.episodes[t.episode], t) for t in trajs]
-        report["oracle"] = {
-            "success_rate": sum(t.success for t in trajs) / len(trajs),
-            "prediction_score": sum(
-                float(x.info.get("prediction_score") or 0) for t in trajs for x in t.turns
-            )
-            / sum(len(t.turns) for t in trajs),
-            "tokens_per_episode": sum(len(e.input_ids) for e in demos) / len(demos),
+        def random_moves(inp: PolicyInput) -> list[str]:
+            return [rng.choice(list(MOVES)) for _ in range(rng.randint(1, PER_TURN))]
+
+        report["baselines"] = {
+            "random": play(client, ScriptedPolicy(random_moves), eval_seeds, "text"),
+            "fixed_plan": play(client, ScriptedPolicy(fixed), eval_seeds, "text"),
+            "oracle": play(client, ScriptedPolicy(oracle), eval_seeds, "text"),
         }
-        print("oracle:", report["oracle"], flush=True)
+        print("baselines:", report["baselines"], flush=True)
+        save()
 
-        report["random_init"] = evaluate(client, model, layout, seeds, args.max_new_tokens)
-        print("random init:", report["random_init"], flush=True)
-        t0 = time.time()
-        report["warmup_loss"] = warm_up(
-            model, layout, demos, args.warmup_epochs, args.warmup_lr, args.seed
-        )
-        report["warmup_seconds"] = time.time() - t0
-        report["after_warmup"] = evaluate(client, model, layout, seeds, args.max_new_tokens)
-        print("after warm-up:", report["after_warmup"], flush=True)
-        warm_path = save_policy(model, processing, out / "warm")
-
-        t0 = time.time()
-        cfg = load_config(None, [
-            f"env.servers=['{address}']", f"env.name={ENV}", f"env.format={FORMAT}",
-            f"env.config={json.dumps(ENV_CONFIG)}", f"env.max_turns={MAX_TURNS}",
-            f"model.path='{warm_path}'", "model.critic=head",
-            f"generation.max_new_tokens={args.max_new_tokens}", f"generation.temperature={args.temperature}",
-            f"ppo.iterations={args.ppo_iterations}", f"ppo.episodes_per_iteration={args.episodes}",
-            f"ppo.level_pool={args.levels}", "ppo.minibatch_size=4", f"ppo.epochs={args.ppo_epochs}",
-            f"ppo.kl_coef={args.kl_coef}", f"ppo.entropy_coef={args.entropy_coef}",
-            "ppo.estimator=bi_level", f"ppo.actor_lr={args.actor_lr}", f"ppo.critic_lr={args.critic_lr}",
-            f"run.out_dir='{out / 'ppo'}'", f"run.seed={args.seed}", "run.progress=false",
-        ])  # fmt: skip
-        result = train(cfg)
-        report["ppo_seconds"] = time.time() - t0
-        report["ppo_history"] = result.history
-        report["after_ppo"] = evaluate(
-            client, result.models.actor, layout, seeds, args.max_new_tokens
-        )
-        print("after PPO:", report["after_ppo"], flush=True)
+        report["runs"] = {}
+        for variant in args.variants:
+            arms = args.arms if variant == "text" else args.vision_arms
+            for seed in args.seeds:
+                run_variant_seed(client, address, args, variant, seed, arms, eval_seeds,
+                                 out / f"{variant}-{seed}", report)  # fmt: skip
+                summarise(report, args)
+                save()
         client.close_client()
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
-    report["total_seconds"] = time.time() - t_start
-    (out / "report.json").write_text(json.dumps(report, indent=2))
+    summarise(report, args)
+    save()
     if args.plot:
-        shutil.copy(out / "ppo" / "learning_curves.png", args.plot)
-    print(
-        json.dumps(
-            {
-                k: report[k]
-                for k in (
-                    "oracle",
-                    "random_init",
-                    "after_warmup",
-                    "after_ppo",
-                    "warmup_seconds",
-                    "ppo_seconds",
-                    "total_seconds",
-                )
-            },
-            indent=2,
-        )
-    )
+        plot(report, args.plot)
+    print(json.dumps(report["summary"], indent=1))
+
+
+def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out: Path,
+                     report) -> None:  # fmt: skip
+    """Warm-up and every PPO arm of one variant and training seed."""
+    torch.manual_seed(seed)
+    cfg_env = env_config(variant)
+    demo_seeds = [train_level_seed(seed, i) for i in range(args.demo_levels)]
+    # the tokenizer learns its merges from this environment's prompts and answers
+    texts = client.create([SessionOptions(ENV, config=cfg_env, seed=s, format=FORMAT)
+                           for s in demo_seeds[:64]])  # fmt: skip
+    # (the map's rows are left out: learnt merges such as "OP" or "__" would hide where
+    # each cell is; unmerged, every cell is one token)
+    samples = [texts[0].system_prompt] * 8 + [
+        re.sub(r"^[_OGPX√]+$", "", r.observation.text, flags=re.M) for r in texts
+    ]
+    samples += [answer(list(m)) for m in (["Up"], ["Down", "Left"], ["Right", "Right", "Up"])] * 8
+    client.close([r.session_id for r in texts])
+    path = build_tiny_qwen(out / "tiny", seed=seed, hidden_size=args.hidden, layers=args.layers,
+                           vocab_size=1024, corpus=samples)  # fmt: skip
+    model, processing = load_policy(path)
+    layout = ChatLayout(processing)
+
+    demo_policy = ScriptedPolicy(oracle, layout)
+    trajs = client.run_episodes(demo_policy, ENV, demo_seeds, config=cfg_env, format=FORMAT,
+                                max_turns=MAX_TURNS, progress=False)  # fmt: skip
+    demos = [attach_rewards(demo_policy.episodes[t.episode], t) for t in trajs]
+    t0 = time.time()
+    losses = warm_up(model, layout, demos, args.warmup_epochs, args.warmup_lr, seed)
+    runs = report["runs"].setdefault(variant, {})
+    runs.setdefault("warm-up", {})[str(seed)] = {
+        "eval": evaluate_model(client, model, layout, eval_seeds, variant, args.max_new_tokens),
+        "warmup_loss": losses,
+        "seconds": time.time() - t0,
+        "tokens_per_demo": float(np.mean([len(e.input_ids) for e in demos])),
+    }
+    print(variant, seed, "warm-up:", runs["warm-up"][str(seed)]["eval"], flush=True)
+    warm = save_policy(model, processing, out / "warm")
+    del model
+
+    for arm in arms:
+        t0 = time.time()
+        cfg = load_config(None, [
+            f"env.servers=['{address}']", f"env.name={ENV}", f"env.format={FORMAT}",
+            f"env.config={json.dumps(cfg_env)}", f"env.max_turns={MAX_TURNS}",
+            f"model.path='{warm}'", "model.critic=head",
+            f"generation.max_new_tokens={args.max_new_tokens}",
+            f"generation.temperature={args.temperature}", "generation.batch_size=64",
+            f"ppo.iterations={args.ppo_iterations}", f"ppo.episodes_per_iteration={args.episodes}",
+            f"ppo.group_size={args.group_size}", "ppo.minibatch_size=8",
+            f"ppo.epochs={args.ppo_epochs}", f"ppo.actor_lr={args.actor_lr}",
+            f"ppo.critic_lr={args.critic_lr}", "run.save_every=1000",
+            f"run.out_dir='{out / arm}'", f"run.seed={seed}", "run.progress=false",
+            *ARMS[arm],
+        ])  # fmt: skip
+        result = train(cfg)
+        actor = result.models.actor
+        runs.setdefault(arm, {})[str(seed)] = {
+            "eval": evaluate_model(client, actor, layout, eval_seeds, variant, args.max_new_tokens),
+            "train_success": [m.get("success") for m in result.history],
+            "train_reward": [m.get("reward") for m in result.history],
+            "seconds": time.time() - t0,
+        }
+        print(variant, seed, arm, runs[arm][str(seed)]["eval"], f"{time.time() - t0:.0f}s",
+              flush=True)  # fmt: skip
+        del result, actor
+
+
+def summarise(report: dict[str, Any], args) -> None:
+    """Per variant and arm: held-out success over the training seeds."""
+    out: dict[str, Any] = {
+        f"baseline/{k}": {"mean": v["success_rate"]} for k, v in report["baselines"].items()
+    }
+    for variant, arms in report.get("runs", {}).items():
+        for arm, by_seed in arms.items():
+            vals = [r["eval"]["success_rate"] for r in by_seed.values()]
+            out[f"{variant}/{arm}"] = over_seeds(vals)
+    report["summary"] = out
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary_ = report["summary"]
+    names = list(summary_)
+    means = [summary_[n]["mean"] for n in names]
+    lows = [summary_[n]["mean"] - summary_[n].get("ci95", [summary_[n]["mean"]] * 2)[0]
+            for n in names]  # fmt: skip
+    highs = [summary_[n].get("ci95", [0, summary_[n]["mean"]])[1] - summary_[n]["mean"]
+             for n in names]  # fmt: skip
+    fig, (ax, curves) = plt.subplots(1, 2, figsize=(14, 5), width_ratios=[3, 2])
+    colors = ["grey" if n.startswith("baseline") else
+              ("tab:blue" if n.startswith("text") else "tab:orange") for n in names]  # fmt: skip
+    ax.bar(range(len(names)), means, yerr=[lows, highs], color=colors, capsize=3)
+    for i, n in enumerate(names):
+        for v in summary_[n].get("per_seed", []):
+            ax.plot(i, v, "k.", markersize=4)
+    ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel("held-out success rate (greedy)")
+    ax.set_title(f"FrozenLake 4x4, {report['levels']['held_out']} held-out levels; "
+                 "mean, 95% CI over seeds, dots: seeds", fontsize=9)  # fmt: skip
+    for variant, arms in report.get("runs", {}).items():
+        for arm, by_seed in arms.items():
+            series = [r["train_success"] for r in by_seed.values() if "train_success" in r]
+            if series:
+                curves.plot(np.mean(np.array(series, dtype=float), axis=0),
+                            label=f"{variant}/{arm}")  # fmt: skip
+    curves.set_xlabel("PPO iteration")
+    curves.set_ylabel("training success (sampled), mean over seeds")
+    curves.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
