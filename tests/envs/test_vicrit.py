@@ -85,7 +85,7 @@ def test_a_position_error_with_two_readings_is_never_chosen() -> None:
     another column would make it true, it has two readings and is refused."""
     holes = [[0, 0], [1, 1]]
     truth = {(f"{cap.ORDINALS[r]} row", f"{cap.ORDINALS[c]} column") for r, c in holes}
-    slots = (cap.ordinal_slot("row", 4), cap.ordinal_slot("column", 4))
+    slots = (cap.ordinal_slot("row", 0, 0, 3), cap.ordinal_slot("column", 0, 0, 3))
     s = cap.sentence("A hole is in the {} and the {}.", slots, truth, "position:hole")
     ambiguous = s.with_word(0, "second row").with_word(1, "first column")  # (1, 0)
     assert not ambiguous.true and ambiguous.fixes() == {0, 1}

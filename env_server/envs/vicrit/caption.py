@@ -60,13 +60,17 @@ COLOURS = (
     "red", "orange", "yellow", "green", "blue", "purple", "pink", "white", "black", "grey",
     "brown", "light grey", "light blue", "dark blue", "dark green",
 )  # fmt: skip
-# what things in our scenes are drawn as, and nouns of things that are in none of them
-# (consonant-initial, so that "a {}" reads right whatever fills the slot)
-NOUNS = ("crate", "ring", "figure", "flag", "square")
-OTHER_NOUNS = (
-    "barrel", "basket", "bucket", "suitcase", "drum", "lamp", "cone", "tent", "boat",
-    "tree", "cat", "dog", "bird", "penguin", "star",
-)  # fmt: skip
+# what each thing in our scenes is drawn as, and the nouns an error may put in its place:
+# things of the same kind that are in none of the scenes (subtle, not absurd), all
+# consonant-initial so that "a {}" reads right whatever fills the slot
+LOOKALIKES = {
+    "crate": ("barrel", "basket", "bucket", "suitcase", "drum"),
+    "ring": ("star", "triangle", "diamond", "square"),
+    "figure": ("cat", "dog", "bird", "penguin", "snowman"),
+    "flag": ("tent", "lamp", "tree", "cone", "sign"),
+    "square": ("circle", "triangle", "star", "strip"),
+}
+NOUNS = tuple(dict.fromkeys([*LOOKALIKES, *(n for ns in LOOKALIKES.values() for n in ns)]))
 RELATIONS = tuple(
     relation_phrase(v, h) for v in (*VERTICAL, SAME_ROW) for h in (*HORIZONTAL, SAME_COLUMN)
 )
@@ -203,15 +207,26 @@ def count_slot(noun: str, n: int) -> tuple[Slot, str]:
     return Slot("count", _counts(noun), near), count_text(n, noun)
 
 
-def ordinal_slot(axis: str, size: int) -> Slot:
+def ordinal_slot(axis: str, index: int, lo: int, hi: int) -> Slot:
+    """A row or column slot; errors move it one or two places, staying within lo..hi."""
     vocabulary = tuple(f"{o} {axis}" for o in ORDINALS)
-    return Slot("spatial", vocabulary, vocabulary[:size])
+    near = tuple(vocabulary[i] for i in range(index - 2, index + 3) if i != index and lo <= i <= hi)
+    return Slot("spatial", vocabulary, near)
+
+
+def noun_slot(noun: str) -> Slot:
+    return Slot("object", NOUNS, LOOKALIKES[noun])
+
+
+def relation_slot(vertical: str, horizontal: str) -> Slot:
+    """A relation slot; an error changes one of its two axes (never to 'at the same position
+    as': two things on one cell is a giveaway, not a subtle error)."""
+    near = [relation_phrase(v, horizontal) for v in (*VERTICAL, SAME_ROW) if v != vertical]
+    near += [relation_phrase(vertical, h) for h in (*HORIZONTAL, SAME_COLUMN) if h != horizontal]
+    return Slot("spatial", RELATIONS, tuple(p for p in near if p != RELATIONS[-1]))
 
 
 COLOUR = Slot("attribute", COLOURS)
-NOUN = Slot("object", NOUNS + OTHER_NOUNS, OTHER_NOUNS)
-# "at the same position as" never (two things on one cell is a giveaway, not a subtle error)
-RELATION = Slot("spatial", RELATIONS, RELATIONS[:-1])
 
 
 # ---- scenes ----------------------------------------------------------------------------
@@ -239,15 +254,19 @@ class Scene:
         return int(rows), int(cols)
 
 
-def _position_sentences(scene: Scene, key: str, verb: str) -> list[Sentence]:
-    """'The box is in the third row and the fourth column.' (one per instance)."""
+def _position_sentences(scene: Scene, key: str, verb: str, margin: int = 0) -> list[Sentence]:
+    """'The box is in the third row and the fourth column.' (one per instance); an error
+    keeps the position `margin` cells away from the edge (off Sokoban's outer wall)."""
     rows, cols = scene.size
     cells = scene.cells(key)
     truth = {(f"{ORDINALS[r]} row", f"{ORDINALS[c]} column") for r, c in cells}
-    slots = (ordinal_slot("row", rows), ordinal_slot("column", cols))
     article = "The" if len(cells) == 1 else "A"
     out = []
     for r, c in cells:
+        slots = (
+            ordinal_slot("row", r, margin, rows - 1 - margin),
+            ordinal_slot("column", c, margin, cols - 1 - margin),
+        )
         s = sentence(f"{article} {key} {verb} in the {{}} and the {{}}.", slots, truth,
                      f"position:{key}")  # fmt: skip
         out.append(replace(s, words=(f"{ORDINALS[r]} row", f"{ORDINALS[c]} column")))
@@ -259,16 +278,17 @@ def _relation_sentences(scene: Scene, key: str) -> list[Sentence]:
     `core.spatial`'s words, which the environment's natural-language grader reads."""
     anchor = scene.cells(scene.spec.anchor)[0]
     cells = scene.cells(key)
-    phrases = [relation_phrase(*grading.relation(anchor, cell, 0.0)) for cell in cells]
+    axes = [grading.relation(anchor, cell, 0.0) for cell in cells]
+    truth = {(relation_phrase(*a),) for a in axes}
     article = "The" if len(cells) == 1 else "A"
     anchor_name = scene.spec.anchor
     return [
         replace(
-            sentence(f"{article} {key} is {{}} the {anchor_name}.", (RELATION,),
-                     {(p,) for p in phrases}, f"relation:{key}"),  # fmt: skip
-            words=(phrase,),
+            sentence(f"{article} {key} is {{}} the {anchor_name}.", (relation_slot(*a),),
+                     truth, f"relation:{key}"),  # fmt: skip
+            words=(relation_phrase(*a),),
         )
-        for phrase in phrases
+        for a in axes
     ]
 
 
@@ -313,22 +333,24 @@ def sokoban_sentences(scene: Scene) -> list[Sentence]:
         sentence("The room contains {} and {}.", (box_slot, target_slot),
                  {(box_text, target_text)}, "count:box,target"),
     ]  # fmt: skip
+    crate = (noun_slot("crate"), COLOUR)
     if off_target:
         out.append(sentence(
             "Each box that is not on a target is drawn as a wooden {} with a cross on it, "
-            "coloured {}.", (NOUN, COLOUR), {("crate", "orange")}, "look:box"))  # fmt: skip
+            "coloured {}.", crate, {("crate", "orange")}, "look:box"))  # fmt: skip
     if on_target:
         out.append(sentence(
             "Each box that sits on a target is drawn as a wooden {} with a cross on it, "
-            "coloured {}.", (NOUN, COLOUR), {("crate", "green")}, "look:box"))  # fmt: skip
+            "coloured {}.", crate, {("crate", "green")}, "look:box"))  # fmt: skip
     if free_targets:
         out.append(sentence("Each target is marked on the floor by a {} painted {}.",
-                            (NOUN, COLOUR), {("ring", "red")}, "look:target"))  # fmt: skip
-    out.append(sentence("The player is drawn as a small {} {}.", (COLOUR, NOUN),
+                            (noun_slot("ring"), COLOUR), {("ring", "red")},
+                            "look:target"))  # fmt: skip
+    out.append(sentence("The player is drawn as a small {} {}.", (COLOUR, noun_slot("figure")),
                         {("blue", "figure")}, "look:player"))  # fmt: skip
-    out += _position_sentences(scene, "player", "stands")
-    out += _position_sentences(scene, "box", "is")
-    out += _position_sentences(scene, "target", "is")
+    out += _position_sentences(scene, "player", "stands", margin=1)
+    out += _position_sentences(scene, "box", "is", margin=1)
+    out += _position_sentences(scene, "target", "is", margin=1)
     out += _relation_sentences(scene, "box")
     out += _relation_sentences(scene, "target")
     return out
@@ -347,14 +369,15 @@ def frozenlake_sentences(scene: Scene) -> list[Sentence]:
                  {("light blue", hole_text)}, "ice"),
     ]  # fmt: skip
     if holes:
-        out.append(sentence("Each hole is a {} of {} water.", (NOUN, COLOUR),
+        out.append(sentence("Each hole is a {} of {} water.", (noun_slot("square"), COLOUR),
                             {("square", "dark blue")}, "look:hole"))  # fmt: skip
     out += [
         sentence("Apart from the goal and the holes, {} are plain ice.", (ice_slot,),
                  {(ice_text,)}, "count:ice"),
-        sentence("The goal is marked by a small {} coloured {}.", (NOUN, COLOUR),
+        sentence("The goal is marked by a small {} coloured {}.", (noun_slot("flag"), COLOUR),
                  {("flag", "red")}, "look:goal"),
-        sentence("The player is drawn as a little {}.", (NOUN,), {("figure",)}, "look:player"),
+        sentence("The player is drawn as a little {}.", (noun_slot("figure"),), {("figure",)},
+                 "look:player"),
         plain_sentence("The player starts on the cell marked with the letter S, and the goal "
                        "cell is marked with the letter G."),
     ]  # fmt: skip
