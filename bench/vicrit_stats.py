@@ -3,7 +3,7 @@
     .venv/bin/python bench/vicrit_stats.py [--seeds 1000] [--first 0]
 
 Prints, for the default config (sokoban and frozenlake scenes, equal category weights):
-- the category balance and the source mix;
+- the category balance and the source mix, and how many seeds had to draw another level;
 - caption length in words (the ViCrit paper's captions are about 200 words) and span
   length in words;
 - the oracle's success (answering the true span; must be 100%);
@@ -53,6 +53,7 @@ def main() -> None:
     span_words: list[int] = []
     wins = Counter()
     seconds = 0.0
+    redrawn = 0  # seeds whose own level allowed no unambiguous error of the drawn category
     for seed in range(args.first, args.first + args.seeds):
         start = time.perf_counter()
         env.reset(seed)
@@ -71,6 +72,7 @@ def main() -> None:
             wins[name] += env.step([Action("span", payload=answer)]).success
         categories[truth["category"]] += 1
         sources[truth["source"]] += 1
+        redrawn += truth["source_seed"] != seed
         caption_words.setdefault(truth["source"], []).append(len(words))
         span_words.append(span_len)
 
@@ -82,6 +84,7 @@ def main() -> None:
     print("sources:")
     for s, count in sorted(sources.items()):
         print(f"  {s:<10} {share(count, n)}")
+    print(f"levels redrawn (no unambiguous error of the category): {redrawn}")
     print("caption length (words):")
     for s, lengths in sorted(caption_words.items()):
         print(
