@@ -13,7 +13,7 @@ and pytest collects every check as a test method of your class:
         env_class = MyEnv
         config = {"size": 6}                         # validated by MyEnv.Config
         seeds = (0, 1, 2)                            # distinct seeds give distinct levels
-        valid_turns = [[Action("Left")], [Action("Up"), Action("Up")]]
+        valid_turns = [[Action("Left")], [Action("Up"), Action("Up")]]  # two turns or more
         invalid_turns = [[Action("Left", args=(3,))]]  # besides an unknown action name
         bad_configs = [({"size": 0}, "size")]        # (config, the field its error names)
 
@@ -26,8 +26,9 @@ The checks (one test method each):
   config's `max_turns`) with actions from the action space;
 - `step` before `reset` and after the episode's end raise `EnvError` with code
   FAILED_PRECONDITION; a negative seed raises `EnvError` with code INVALID_ARGUMENT;
-- an invalid action (an unknown name, and each of `invalid_turns`) is a normal reply that
-  lists it in `invalid_actions`, never an exception;
+- an invalid action (an unknown name, and each of `invalid_turns`) and a turn over
+  `max_per_turn` actions are normal replies that list them in `invalid_actions`, never
+  an exception;
 - a bad config raises pydantic's ValidationError whose `loc` names the field;
 - `snapshot` / `restore` round-trip: after a restore, on the same instance or a fresh one,
   the same turns give the same observations and rewards;
@@ -42,7 +43,8 @@ Hooks for environments whose checks need a looser eye:
 
 - `assert_same_run(first, second, what)` compares two recorded runs; the default wants
   them equal. A physics simulator whose restore is close but not bit-exact overrides
-  `assert_same_restored_run` (used by the snapshot check only).
+  `assert_same_restored_run` and `assert_same_restored_state` (used by the snapshot check
+  only; see tests/envs/test_contract.py's primitive_skill classes).
 - `make_env()` (a classmethod) builds the environment (default:
   `env_class(env_class.Config(**config))`).
 

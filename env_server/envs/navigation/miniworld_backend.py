@@ -443,14 +443,18 @@ class MiniWorldBackend(Backend):
             and math.dist(self.cell_xz(cell), (target.x, target.z))
             >= self.settings.success_distance + 1.0
         ]
-        # a start that faces into the room, as the paper's tasks do: some object in view
+        # a start that faces into the room, as the paper's tasks do: something in view, and
+        # of those headings one that sees the most other objects (so that whether the target
+        # is in view is left to chance, not chosen)
         for index in rng.permutation(len(candidates))[:START_TRIES]:
             cell = candidates[int(index)]
-            headings = [h for h in range(4) if self._sees_an_object(cell, h)]
-            if headings:
+            seen = [self._in_view(cell, h, target.id) for h in range(4)]
+            if any(others or sees_target for others, sees_target in seen):
                 break
         else:
             return None
+        most = max(others for others, sees_target in seen if others or sees_target)
+        headings = [h for h, (others, t) in enumerate(seen) if others == most and (others or t)]
         heading = headings[int(rng.integers(len(headings)))]
         self._set_agent(cell, heading, 0.0)
         plan = self.plan(target.id, max_actions)
@@ -481,11 +485,12 @@ class MiniWorldBackend(Backend):
         self.task = task
         return task
 
-    def _sees_an_object(self, cell: tuple[int, int], heading: int) -> bool:
-        """Whether an object (the target or another) is in view from `cell` facing
-        `heading`, the camera level."""
+    def _in_view(self, cell: tuple[int, int], heading: int, target_id: str) -> tuple[int, bool]:
+        """From `cell` facing `heading` (camera level): how many objects other than the
+        target are in view, and whether the target is."""
         self._set_agent(cell, heading, 0.0)
-        return any(o.visible for o in self.objects())
+        visible = [o.id for o in self.objects() if o.visible]
+        return sum(i != target_id for i in visible), target_id in visible
 
     # ---- Backend ----------------------------------------------------------------------
     def _load(self, layout: Layout, agent: tuple[float, float, float]) -> None:
