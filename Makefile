@@ -11,6 +11,7 @@ PYTHON ?= python3
 COMPAT_VENV  ?= .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.visenv-compat-setup
 COMPAT_PYTEST_ARGS ?=
+TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: setup serve test compat-setup compat-test bench lint proto clean help
 
@@ -30,14 +31,15 @@ test: setup  ## run the test suite (offline, 2 cores), then the compat tests
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(MAKE) compat-test
 
-compat-setup: $(COMPAT_STAMP)  ## the compat test venv (.venv-compat: openenv, pytest)
+compat-setup: $(COMPAT_STAMP)  ## the compat test venv (.venv-compat: openenv, trl, CPU torch)
 
 $(COMPAT_STAMP): tests_compat/requirements.txt
 	[ -x $(COMPAT_VENV)/bin/python ] || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"  # CPU build first (TRL needs torch)
 	$(COMPAT_VENV)/bin/python -m pip install -q -r tests_compat/requirements.txt
 	@touch $@
 
-compat-test: setup compat-setup  ## peers' own clients (OpenEnv) against a real visenv serve
+compat-test: setup compat-setup  ## peers' own clients (OpenEnv, TRL) against a real visenv serve
 	cd tests_compat && VISENV_PYTHON=$(abspath $(BIN))/python \
 		$(abspath $(COMPAT_VENV))/bin/python -m pytest -p no:cacheprovider $(COMPAT_PYTEST_ARGS)
 

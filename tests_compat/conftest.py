@@ -72,7 +72,8 @@ def spawn(*args: str) -> Server:
     return server
 
 
-def wait_ready(server: Server, timeout: float = 120) -> Server:
+def wait_ready(server: Server, timeout: float = 420) -> Server:
+    """Until /health answers (a worker pre-warms the heavy envs first: minutes when busy)."""
     deadline = time.monotonic() + timeout
     while True:
         if server.url:
@@ -89,10 +90,11 @@ def wait_ready(server: Server, timeout: float = 120) -> Server:
 
 @pytest.fixture(scope="session")
 def servers():
-    """(every environment, 2 workers; sokoban only, 1 worker, a cap of 1 session)."""
+    """(every environment, 1 worker; sokoban only, 1 worker, a cap of 1 session). One
+    worker each: every worker pre-warms navigation and primitive_skill before it is ready."""
     if not Path(PYTHON).exists():
         raise RuntimeError(f"the main venv's python {PYTHON} is missing: run `make setup`")
-    big = spawn("--workers", "2")
+    big = spawn("--workers", "1")
     small = spawn("--workers", "1", "--envs", "sokoban", "--max-sessions", "1")
     try:
         yield wait_ready(big), wait_ready(small)
