@@ -259,3 +259,56 @@ def test_legacy_adapter_is_off_unless_enabled(visenv_server):
     reply = httpx.post(visenv_server.url + "/compat/vagen-legacy/batch/reset",
                        json={"ids2seeds": {}})  # fmt: skip
     assert reply.status_code == 404
+
+
+# ---------------------------------------------------------------- the pieces, in-process
+def test_vagen_config_keys_are_translated_or_refused_by_name():
+    from env_server.api.compat.vagen_config import session_options
+    from env_server.service.models import ServiceError
+
+    sokoban = {"dim_room", "num_boxes", "max_actions_per_turn", "min_solution_length",
+               "max_solution_length", "solved_reward", "max_turns"}  # fmt: skip
+    options = session_options("sokoban", {
+        "prompt_format": "grounding_symbolic", "format_reward": 0.1, "use_state_reward": False,
+        "max_actions_per_step": 2, "min_solution_steps": [2, 6], "success_reward": 1.0,
+        "action_sep": ",", "image_placeholder": "<image>", "num_boxes": 2, "env_name": "sokoban",
+    }, sokoban, seed=4)  # fmt: skip
+    assert options == {
+        "env": "sokoban", "seed": 4, "format": "grounding", "representation": "symbolic",
+        "image_encoding": "png",
+        "reasoning": {"format_reward": 0.1, "beta_s": 0.0, "beta_w": 0.0},
+        "config": {"max_actions_per_turn": 2, "min_solution_length": 2,
+                   "max_solution_length": 6, "solved_reward": 1.0, "num_boxes": 2},
+    }  # fmt: skip
+    weighted = session_options("sokoban", {"prompt_format": "wm", "use_state_reward": True,
+                                           "grounding_reward_weight": 0.3}, sokoban)  # fmt: skip
+    assert weighted["format"] == "grounding_worldmodeling"
+    assert weighted["reasoning"] == {"beta_s": 0.3}
+    for env, fields, config, field in [
+        ("sokoban", sokoban, {"max_steps": 100}, "env_config.max_steps"),
+        ("sokoban", sokoban, {"prompt_format": "cot"}, "env_config.prompt_format"),
+        ("sokoban", sokoban, {"action_sep": "|"}, "env_config.action_sep"),
+        ("sokoban", sokoban, {"render_mode": "text"}, "env_config.render_mode"),
+        ("svg", {"max_turns"}, {"max_actions_per_step": 1}, "env_config.max_actions_per_step"),
+        ("frozenlake", {"size"}, {"is_slippery": True}, "env_config.is_slippery"),
+        ("frozenlake", {"size"}, {"env_name": "sokoban"}, "env_config.env_name"),
+    ]:
+        with pytest.raises(ServiceError) as caught:
+            session_options(env, config, fields)
+        assert caught.value.code == "INVALID_ARGUMENT" and caught.value.field == field
+
+
+def test_id_table_is_bounded_reaped_and_per_namespace():
+    from env_server.api.compat.common import Binding, IdTable, namespace
+
+    table = IdTable(max_entries=2, idle_timeout=0.2)
+    table.put("a", "0", Binding("s-1", "sokoban"))
+    table.put("b", "0", Binding("s-2", "sokoban"))
+    assert table.room() == 0 and table.get("a", "0").session_id == "s-1"
+    assert table.get("b", "0").session_id == "s-2" and table.get("c", "0") is None
+    time.sleep(0.3)
+    assert table.room() == 2 and table.get("a", "0") is None  # idle past the timeout: forgotten
+    assert namespace({}, b"") == ""
+    bearer = namespace({b"authorization": b"Bearer t"}, b"")
+    assert bearer == namespace({b"x-api-key": b"t"}, b"") == namespace({}, b"token=t") != ""
+    assert namespace({b"x-api-key": b"u"}, b"") != bearer
