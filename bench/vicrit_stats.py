@@ -3,7 +3,8 @@
     .venv/bin/python bench/vicrit_stats.py [--seeds 1000] [--first 0]
 
 Prints, for the default config (sokoban and frozenlake scenes, equal category weights):
-- the category balance and the source mix, and how many seeds had to draw another level;
+- the category balance (stratified by default) and the source mix, and how many seeds had
+  to draw another level;
 - caption length in words (the ViCrit paper's captions are about 200 words) and span
   length in words;
 - the oracle's success (answering the true span; must be 100%);

@@ -46,7 +46,7 @@ def test_500_captions_per_source_are_true_and_have_one_error(source: str) -> Non
         assert item.caption.replace(item.span, item.original, 1) == item.clean
         categories[item.category] += 1
     assert set(categories) == set(cap.CATEGORIES)
-    assert min(categories.values()) > 90  # equal weights: about 125 each
+    assert max(categories.values()) - min(categories.values()) <= 4  # stratified: 125 each
 
 
 def _sokoban_scene(seed: int = 0):
@@ -175,6 +175,18 @@ def test_world_model_grading_names_the_true_words() -> None:
     assert grade_for_env(env, "nothing relevant", truth, rep) == 0.0
     with pytest.raises(ValueError, match="original"):
         grade_for_env(env, "x", {"span": "a", "category": "count", "original": None}, rep)
+
+
+def test_category_weights_are_honoured_stratified_and_random() -> None:
+    weights = {"object": 1.0, "count": 3.0}
+    for balance in ("stratified", "random"):
+        drawn = Counter(
+            data.draw_category(s, np.random.default_rng(s), weights, balance) for s in range(400)
+        )
+        assert set(drawn) == {"object", "count"}
+        assert 70 <= drawn["object"] <= 130, (balance, drawn)  # a quarter of 400
+        if balance == "stratified":
+            assert drawn["object"] in (99, 100, 101)
 
 
 def test_category_balance_and_config_errors() -> None:

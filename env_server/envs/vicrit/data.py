@@ -42,10 +42,22 @@ class Item:
     clean: str | None = None  # the caption before the error was injected
 
 
+GOLDEN = (5**0.5 - 1) / 2
+
+
 def draw_category(
-    rng: np.random.Generator, weights: dict[str, float], present: set[str] | None = None
+    seed: int,
+    rng: np.random.Generator,
+    weights: dict[str, float],
+    balance: str = "stratified",
+    present: set[str] | None = None,
 ) -> cap.Category:
-    """A category drawn with the configured weights (among those `present`)."""
+    """The category of `seed`, in proportion to the weights (among those `present`).
+
+    stratified: from the point seed * 0.618... (mod 1) of a golden-ratio (Weyl) sequence,
+    which spreads consecutive seeds evenly, so any run of N seeds holds each category
+    within a couple of episodes of its share; random: an independent draw from `rng`.
+    """
     names = [
         c
         for c in cap.CATEGORIES
@@ -57,7 +69,11 @@ def draw_category(
             code="INVALID_ARGUMENT",
         )
     p = np.array([weights[c] for c in names], dtype=float)
-    return names[int(rng.choice(len(names), p=p / p.sum()))]
+    p /= p.sum()
+    if balance == "random":
+        return names[int(rng.choice(len(names), p=p))]
+    u = (seed * GOLDEN) % 1.0
+    return names[min(int(np.searchsorted(np.cumsum(p), u, side="right")), len(names) - 1)]
 
 
 def source_env(source: str, render: bool):
@@ -91,6 +107,7 @@ def generate(
     sources: list[str],
     weights: dict[str, float],
     *,
+    balance: str = "stratified",
     render: bool = True,
     check: bool = True,
 ) -> tuple[Item, cap.Scene]:
@@ -99,7 +116,7 @@ def generate(
     allows no unambiguous error of that category), the caption and one error, both checked
     by `verify` (unless `check` is False: a caller that verifies them itself)."""
     rng = np.random.default_rng(seed)
-    category = draw_category(rng, weights)
+    category = draw_category(seed, rng, weights, balance)
     source = sources[int(rng.integers(len(sources)))]
     source_seed = seed
     for _ in range(SCENE_TRIES):
@@ -218,9 +235,11 @@ def load_image(row: Row, jsonl_path: str) -> np.ndarray:
         raise EnvError(f"{jsonl_path}:{row.line}: image cannot be read ({exc})") from exc
 
 
-def pick_row(rows: tuple[Row, ...], seed: int, weights: dict[str, float]) -> Row:
+def pick_row(
+    rows: tuple[Row, ...], seed: int, weights: dict[str, float], balance: str = "stratified"
+) -> Row:
     """The row of `seed`: a category drawn with the weights, then a row of it."""
     rng = np.random.default_rng(seed)
-    category = draw_category(rng, weights, {r.category for r in rows})
+    category = draw_category(seed, rng, weights, balance, {r.category for r in rows})
     chosen = [r for r in rows if r.category == category]
     return chosen[int(rng.integers(len(chosen)))]

@@ -82,6 +82,11 @@ class VicritConfig(FeedbackConfig):
         description="Relative frequency of each error category (object, attribute, count, "
         "spatial); equal weights balance them. A category left out is never drawn.",
     )
+    category_balance: Literal["stratified", "random"] = Field(
+        "stratified",
+        description="stratified: consecutive seeds spread over the categories in proportion "
+        "to the weights (any run of seeds is balanced); random: an independent draw per seed.",
+    )
     image_size: int = Field(256, ge=32, le=1024, description="Side of the scene image, pixels.")
     jsonl_path: str | None = Field(
         None,
@@ -292,9 +297,11 @@ class VicritEnv(Environment):
     def _item(self, seed: int) -> data.Item:
         cfg = self.config
         if self.rows is None:
-            item, _ = data.generate(seed, cfg.sources, cfg.category_weights)
+            item, _ = data.generate(
+                seed, cfg.sources, cfg.category_weights, balance=cfg.category_balance
+            )
         else:
-            row = data.pick_row(self.rows, seed, cfg.category_weights)
+            row = data.pick_row(self.rows, seed, cfg.category_weights, cfg.category_balance)
             item = data.Item(
                 image=data.load_image(row, cfg.jsonl_path or ""),
                 caption=row.caption,
