@@ -88,6 +88,8 @@ class Audit:
     lost_steps: int = 0  # steps answered SESSION_LOST
     other_step_errors: int = 0  # steps that failed any other way (must be 0)
     reaped_in_use: int = 0  # steps on a session the reaper had closed (idle too long)
+    forgotten: int = 0  # sessions the SDK had dropped (after an error) before our next op
+    client_errors: int = 0  # exceptions in the soak's own client code (must be 0)
     lossy_failures: int = 0  # steps on lossy clients that failed after a lost reply
     replies_dropped: int = 0  # replies the proxies dropped on purpose
     capacity_answers: int = 0
@@ -219,6 +221,12 @@ class Owner:
             self.armed = True
 
     async def do(self, op: str, slots: list[Slot]) -> None:
+        known = set(self.client.session_ids)
+        for slot in slots:
+            if slot.sid not in known:  # the client dropped it (e.g. lost): make it again
+                self.audit.forgotten += 1
+                slot.sid = None
+        slots = [s for s in slots if s.sid is not None]
         if not slots:
             return
         self.arm()
@@ -235,12 +243,11 @@ class Owner:
         elif op == "get":
             sent = [self.client.next_step_index(i) - 1 for i in ids]
             results = await self._guard(self.client.get(ids, return_exceptions=True), len(slots))
-        else:  # close
+        else:  # close: the client forgets the session whatever the answer
             results = await self._guard(self.client.close(ids), len(slots))
             for slot, r in zip(slots, results, strict=True):
-                outcome = self.record("close", r if r is not None else None)
-                if outcome == "ok" or outcome in ("SESSION_LOST", "NOT_FOUND"):
-                    slot.sid = None
+                self.record("close", r)
+                slot.sid = None
             return
         lossy, self.armed = self.armed, False
         for slot, index, r in zip(slots, sent, results, strict=True):
@@ -283,10 +290,16 @@ class Owner:
                 for n, slot in enumerate(group):
                     if all(slot is not other for other in group[:n]):  # once per group
                         by_op.setdefault(self.plan(slot), []).append(slot)
-                if "create" in by_op:
-                    await self.create(by_op.pop("create"))
-                for op in ("step", "reset", "get", "close"):
-                    await self.do(op, by_op.get(op, []))
+                try:
+                    if "create" in by_op:
+                        await self.create(by_op.pop("create"))
+                    for op in ("step", "reset", "get", "close"):
+                        await self.do(op, by_op.get(op, []))
+                except Exception as exc:  # noqa: BLE001  (a bug of this script: counted, shown)
+                    self.audit.client_errors += 1
+                    self.audit.note(f"{self.name}: {type(exc).__name__}: {exc}")
+                    for slot in group:
+                        slot.sid = None
                 if not self.batch:
                     await asyncio.sleep(0)
         finally:
@@ -401,6 +414,8 @@ async def soak(args: argparse.Namespace) -> dict:
         "steps_session_lost": audit.lost_steps,
         "steps_on_reaped_sessions": audit.reaped_in_use,
         "steps_failed_otherwise": audit.other_step_errors,
+        "sessions_dropped_by_sdk": audit.forgotten,
+        "soak_client_errors": audit.client_errors,
         "replies_mismatched": audit.mismatched,
         "replies_dropped_by_proxy": audit.replies_dropped,
         "worker_kills": audit.kills,
@@ -421,6 +436,7 @@ async def soak(args: argparse.Namespace) -> dict:
     report["ok"] = bool(
         audit.mismatched == 0
         and audit.other_step_errors == 0
+        and audit.client_errors == 0
         and 0 <= diff <= audit.lossy_failures
         and audit.max_sessions_seen <= cap
         and fates.get("open", 0) == 0

@@ -1,6 +1,6 @@
 """The short soak (bench/soak.py, 24 s): concurrent sessions, random single and batch
 clients over gRPC and REST, half of them through a lossy proxy, a worker SIGKILLed every
-10 s, the cap probed, abandoned sessions reaped. The audit must come out clean."""
+8 s, the cap probed, abandoned sessions reaped. The audit must come out clean."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import soak  # noqa: E402
 
 def test_short_soak_audit_is_clean():
     args = soak.parse_args(
-        ["--minutes", "0.4", "--sessions", "200", "--heavy", "0", "--kill-every", "10",
+        ["--minutes", "0.4", "--sessions", "200", "--heavy", "0", "--kill-every", "8",
          "--idle-timeout", "12", "--abandon", "10", "--single-clients", "8",
          "--single-slots", "2", "--batch-clients", "2", "--chunk", "32", "--lossy", "0.5",
          "--lose-rate", "0.2"]
