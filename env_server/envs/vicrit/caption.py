@@ -452,11 +452,12 @@ class CaptionError(AssertionError):
 
 
 @lru_cache(maxsize=256)
-def _pattern(template: str, slots: tuple[Slot, ...]) -> re.Pattern[str]:
+def _pattern(template: str, vocabularies: tuple[tuple[str, ...], ...]) -> re.Pattern[str]:
+    """A sentence template as a regular expression: each slot any word of its vocabulary."""
     parts = template.split("{}")
     body = re.escape(parts[0].replace("{{", "{").replace("}}", "}"))
-    for slot, literal in zip(slots, parts[1:], strict=True):
-        options = sorted(slot.vocabulary, key=len, reverse=True)
+    for vocabulary, literal in zip(vocabularies, parts[1:], strict=True):
+        options = sorted(vocabulary, key=len, reverse=True)
         body += "(" + "|".join(re.escape(o) for o in options) + ")"
         body += re.escape(literal.replace("{{", "{").replace("}}", "}"))
     return re.compile(body)
@@ -467,7 +468,8 @@ def read(text: str, templates: Sequence[Sentence]) -> list[Sentence]:
     come from the text, its truth set from the scene."""
     out, pos = [], 0
     for template in templates:
-        match = _pattern(template.template, template.slots).match(text, pos)
+        vocabularies = tuple(slot.vocabulary for slot in template.slots)
+        match = _pattern(template.template, vocabularies).match(text, pos)
         if match is None:
             raise CaptionError(f"caption does not follow {template.template!r} at {pos}")
         out.append(replace(template, words=match.groups()))
