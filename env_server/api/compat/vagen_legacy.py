@@ -172,12 +172,12 @@ def legacy_router(service: Any, table: IdTable) -> APIRouter:
                 continue
             binding = found[peer_id]
             binding.update(reply)
-            binding.fresh, binding.seed = True, reply_seed(ids2seeds[peer_id], binding)
+            if ids2seeds[peer_id] is not None:  # reset to a known seed: a repeat is a no-op
+                binding.fresh, binding.seed = True, ids2seeds[peer_id]
+            elif peer_id not in fresh:  # the server chose the seed
+                binding.fresh = False
             results[peer_id] = [observation(reply), info_of(reply)]
         return JSONResponse({"results": results})
-
-    def reply_seed(seed: int | None, binding: Binding) -> int:
-        return binding.seed if seed is None else seed
 
     @router.post("/batch/step")
     async def step(request: Request, body: Any = Body(None)) -> JSONResponse:
