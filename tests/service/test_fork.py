@@ -28,7 +28,10 @@ class NoSnapshotEnv(TinyEnv):
 
 
 PATHS = {"tiny": "tiny_env:TinyEnv", "nosnap": "test_fork:NoSnapshotEnv"}
-REAL = ["sokoban", "frozenlake", "svg", "navigation", "primitive_skill"]
+REAL = ["sokoban", "frozenlake", "svg", "vicrit", "navigation", "primitive_skill"]
+# vicrit under unary feedback: a wrong answer keeps the episode going (and a repeat is
+# penalised: the attempts so far are part of the forked state)
+CONFIG = {"vicrit": {"feedback": "unary", "max_attempts": 3}}
 CAP = 30
 # two turns per environment, as a model would write them (grounding_worldmodeling format)
 TURNS = {
@@ -40,6 +43,7 @@ TURNS = {
         "<svg xmlns='http://www.w3.org/2000/svg' width='64' height='64'>"
         "<rect x='8' y='8' width='40' height='40' fill='blue'/></svg>",
     ],
+    "vicrit": ["a purple elephant", "a purple elephant"],
     "navigation": ["moveahead, rotateleft", "moveahead"],
     "primitive_skill": ["pick(62, -55, 20)", "place(80, 100, 20)"],
 }
@@ -103,7 +107,7 @@ def assert_same(a: SessionReply, b: SessionReply, env: str) -> None:
 
 @pytest.mark.parametrize("env", REAL)
 def test_forks_answer_the_same_actions_as_their_source(run, service, env):
-    (source,) = run(service.create([{"env": env, "seed": 1}]))
+    (source,) = run(service.create([{"env": env, "seed": 1, "config": CONFIG.get(env, {})}]))
     sid = source.session_id
     (first,) = run(service.step([{"session_id": sid, "step_index": 0,
                                   "response": respond(TURNS[env][0])}]))  # fmt: skip
