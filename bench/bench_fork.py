@@ -25,12 +25,13 @@ import psutil
 
 from env_server.service import EnvService, SessionReply, Settings
 
-ENVS = ["sokoban", "frozenlake", "svg", "navigation", "primitive_skill"]
+ENVS = ["sokoban", "frozenlake", "svg", "vicrit", "navigation", "primitive_skill"]
 FIRST_TURN = {
     "sokoban": "Left",
     "frozenlake": "Right",
     "svg": "<svg xmlns='http://www.w3.org/2000/svg' width='64' height='64'>"
     "<circle cx='32' cy='32' r='20' fill='red'/></svg>",
+    "vicrit": "a purple elephant",
     "navigation": "moveahead",
     "primitive_skill": "pick(62, -55, 20)",
 }
