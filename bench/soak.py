@@ -393,6 +393,7 @@ async def soak(args: argparse.Namespace) -> dict:
                             await client.get(abandoned, return_exceptions=True))  # fmt: skip
         health = await asyncio.to_thread(server.health)
         reaped = await asyncio.to_thread(server.metric, "visenv_sessions_reaped_total")
+        stuck = await asyncio.to_thread(server.metric, "visenv_worker_timeouts_total")
         internal_logs = sum("INTERNAL" in line or "Traceback" in line for line in server.lines)
     finally:
         server.stop()
@@ -420,6 +421,7 @@ async def soak(args: argparse.Namespace) -> dict:
         "replies_dropped_by_proxy": audit.replies_dropped,
         "worker_kills": audit.kills,
         "worker_restarts": health["worker_restarts"],
+        "workers_killed_as_stuck": int(stuck),
         "cap": cap,
         "max_sessions_seen": audit.max_sessions_seen,
         "capacity_answers": audit.capacity_answers,

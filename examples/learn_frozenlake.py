@@ -228,7 +228,18 @@ def summary(trajs: list[Trajectory]) -> dict[str, Any]:
         "valid_answer_rate": float(
             np.mean([bool(x.info.get("action_valid")) for t in ok for x in t.turns])
         ),
+        **answer_spread(ok),
     }
+
+
+def answer_spread(trajs: list[Trajectory]) -> dict[str, Any]:
+    """Does the policy's first answer depend on the level? A policy that reads the map
+    answers differently on different maps; a blind one gives one answer everywhere."""
+    first = [t.turns[0].response for t in trajs if t.turns]
+    values, counts = np.unique(first, return_counts=True)
+    top = int(counts.argmax())
+    return {"distinct_first_answers": len(values), "top_first_answer": str(values[top]),
+            "top_first_answer_share": float(counts[top] / len(first))}  # fmt: skip
 
 
 def play(client: EnvClient, policy, seeds: list[int], variant: str) -> dict[str, Any]:
@@ -313,8 +324,14 @@ def main() -> None:
     ap.add_argument("--critic-lr", type=float, default=1e-2)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--ppo-epochs", type=int, default=2)
+    ap.add_argument("--reevaluate", action="store_true",
+                    help="no training: evaluate the models a finished run left in --out again "
+                    "(warm-up and last PPO checkpoint of every arm) and write --json")  # fmt: skip
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.reevaluate:
+        reevaluate(args)
+        return
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -447,6 +464,41 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
         print(variant, seed, arm, runs[arm][str(seed)]["eval"], f"{time.time() - t0:.0f}s",
               flush=True)  # fmt: skip
         del result, actor
+
+
+def reevaluate(args) -> None:
+    """Greedy evaluation, on the same held-out levels, of the models in --out."""
+    training = {level_key(train_level_seed(s, i)) for s in args.seeds
+                for i in range(max(args.demo_levels, args.ppo_iterations * args.episodes))}  # fmt: skip
+    training |= {level_key(train_level_seed(0, i)) for i in range(args.plan_levels)}
+    eval_seeds, _ = held_out_levels(args.eval_levels, training)
+    report: dict[str, Any] = {"args": vars(args), "runs": {}}
+    proc, address = start_server()
+    try:
+        client = EnvClient(address)
+        for variant in args.variants:
+            arms = args.arms if variant == "text" else args.vision_arms
+            for seed in args.seeds:
+                folder = Path(args.out) / f"{variant}-{seed}"
+                model, processing = load_policy(folder / "warm")
+                layout = ChatLayout(processing)
+                found = {"warm-up": None} | {
+                    arm: sorted((folder / arm / "checkpoints").glob("iter-*.pt"))[-1]
+                    for arm in arms
+                }
+                for arm, ckpt in found.items():
+                    if ckpt is not None:
+                        model.load_state_dict(torch.load(ckpt, weights_only=False)["actor"])
+                    report["runs"].setdefault(variant, {}).setdefault(arm, {})[str(seed)] = {
+                        "eval": evaluate_model(client, model, layout, eval_seeds, variant,
+                                               args.max_new_tokens)}  # fmt: skip
+                    print(variant, seed, arm, report["runs"][variant][arm][str(seed)], flush=True)
+                    if args.json:
+                        Path(args.json).write_text(json.dumps(report, indent=1))
+        client.close_client()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
 
 
 def summarise(report: dict[str, Any], args) -> None:

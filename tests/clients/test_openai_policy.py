@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from PIL import Image as PILImage
 
+from clients.eval import eval_level_seeds
 from clients.openai_policy import OpenAIPolicy, PolicyError, chat_messages
 from clients.rollout import PolicyInput
 from clients.types import Image, Observation
@@ -141,7 +142,8 @@ def test_visenv_eval_runs_episodes_and_writes_jsonl(visenv_server, endpoint, tmp
     proc = _eval(visenv_server, url, "good", tmp_path / "r.jsonl")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
-    assert [r["seed"] for r in records] == [0, 1, 2]
+    # held out from training by default: `--seed 0` does not replay a run.seed=0 run's levels
+    assert [r["seed"] for r in records] == list(eval_level_seeds(0, 3))
     for r in records:
         assert r["ok"] and r["error"] is None, r["error"]
         assert 1 <= r["turns"] <= 2 and r["steps"][0]["response"] == MOVE
