@@ -137,6 +137,19 @@ def test_text_render_mode_writes_the_map_in_the_observation():
     assert "as text" in prompt and "The image shows" not in prompt
 
 
+def test_text_as_natural_and_structured_write_the_same_state():
+    natural = FrozenLakeEnv(FrozenLakeEnv.Config(render_mode="text", text_as="natural"))
+    structured = FrozenLakeEnv(FrozenLakeEnv.Config(render_mode="text", text_as="structured"))
+    a, b = natural.reset(1), structured.reset(1)
+    assert "The goal is in the same row, to the left of the player." in a.text
+    assert a.images == []
+    assert json.loads(b.text.split("\n", 1)[1]) == {"player": [1, 2], "goal": [1, 1],
+                                                     "hole": [[2, 3]]}  # fmt: skip
+    assert "one sentence per object" in natural.system_prompt(ResponseFormat.NO_THINK)
+    with pytest.raises(ValidationError):
+        FrozenLakeEnv.Config(text_as="grid")
+
+
 def test_step_before_reset_is_a_precondition_error():
     with pytest.raises(EnvError) as err:
         FrozenLakeEnv().step(acts("Down"))

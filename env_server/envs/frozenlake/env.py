@@ -46,6 +46,12 @@ DELTAS: dict[str, tuple[int, int]] = {
     "Up": (-1, 0),
 }
 
+TEXT_AS = {
+    "symbolic": "a grid of symbols",
+    "natural": "one sentence per object, saying where it is from you",
+    "structured": "JSON of [row, column] positions",
+}
+
 # text symbols (VAGEN's): one character per cell
 FROZEN, HOLE, GOAL, PLAYER, PLAYER_IN_HOLE, PLAYER_ON_GOAL = "_", "O", "G", "P", "X", "√"
 SYMBOLS: dict[str, tuple[str, ...]] = {
@@ -77,6 +83,12 @@ class FrozenLakeConfig(EnvConfig):
         "vision",
         description="vision: the observation is the image; text: the map as a grid of "
         "symbols in the observation text, no image (VAGEN's render_mode).",
+    )
+    text_as: Literal["symbolic", "natural", "structured"] = Field(
+        "symbolic",
+        description="How render_mode text writes the state: symbolic, the grid of symbols "
+        "(VAGEN's); natural, a sentence per object saying where it is from you; structured, "
+        "JSON of [row, column] positions. Ignored in vision mode.",
     )
 
 
@@ -224,8 +236,8 @@ class FrozenLakeEnv(Environment):
 
     def _observation(self) -> Observation:
         if self.config.render_mode == "text":
-            grid = self.describe(self.ground_truth(), Representation.SYMBOLIC)
-            text, images = f"[Observation]:\n{grid}", []
+            state = self.describe(self.ground_truth(), Representation(self.config.text_as))
+            text, images = f"[Observation]:\n{state}", []
         else:
             text, images = "[Observation]: <image>", [self.render()]
         return Observation(
@@ -275,7 +287,7 @@ class FrozenLakeEnv(Environment):
             "holes are deadly, the cell with the flag (marked G) is the goal, the start cell "
             "is marked S, and the small figure is you.\n"
             if self.config.render_mode == "vision"
-            else "Each observation shows the lake as text.\n"
+            else f"Each observation shows the lake as text ({TEXT_AS[self.config.text_as]}).\n"
         )
         return (
             "You are playing FrozenLake. Walk across the frozen lake to the goal without "
