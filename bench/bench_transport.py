@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import random
 import re
@@ -153,6 +154,8 @@ async def bench_in_process(batch: int, encoding: str, args: argparse.Namespace) 
     from env_server.service.worker import Worker
 
     worker = Worker()
+    worker.preload(["sokoban"])
+    gc.freeze()  # as a worker process does after start-up: imports out of every collection
     ids = [f"s-{i:016x}" for i in range(batch)]
     options = {
         "env": "sokoban",
@@ -312,6 +315,10 @@ def table(results: list[Result], title: str) -> Table:
 async def run(args: argparse.Namespace) -> None:
     console = Console(width=160)
     proc, http, grpc_address = start_server(args.workers)
+    # the client's start-up heap out of every later collection, as the server does with
+    # its own: unfrozen, this process's full collections (17-21 ms, about one a second at
+    # batch 64; bench/tail_latency.py) were the p99 of every variant, not the server
+    gc.freeze()
     server = ServerCPU(proc.pid)
     results: list[Result] = []
     try:
