@@ -61,7 +61,15 @@ class FrozenLakeContract(EnvironmentContract):
     env_class = FrozenLakeEnv
     seeds = (0, 1, 2)
     valid_turns = [acts("Up"), acts("Left", "Down"), acts("Right", "Right", "Up")]
-    bad_configs = [({"size": 1}, "size"), ({"p": 0.1}, "p"), ({"render_mode": "3d"}, "render_mode")]
+    bad_configs = [
+        ({"size": 1}, "size"),
+        ({"p": 0.1}, "p"),
+        ({"render_mode": "3d"}, "render_mode"),
+        ({"text_as": "grid"}, "text_as"),
+        ({"image_size": 5}, "image_size"),
+        ({"max_actions_per_turn": 0}, "max_actions_per_turn"),
+        ({"is_slippery": True}, "is_slippery"),
+    ]
 
 
 class TestFrozenLakeDefault(FrozenLakeContract):
@@ -78,6 +86,14 @@ class TestFrozenLake8x8(FrozenLakeContract):
 
 class TestFrozenLakeTextMode(FrozenLakeContract):
     config = {"render_mode": "text"}
+
+
+class TestFrozenLakeTextNatural(FrozenLakeContract):
+    config = {"render_mode": "text", "text_as": "natural"}
+
+
+class TestFrozenLakeTextStructured(FrozenLakeContract):
+    config = {"render_mode": "text", "text_as": "structured"}
 
 
 # ---- navigation: the five task sets -----------------------------------------------------------
@@ -198,7 +214,11 @@ class SvgContract(EnvironmentContract):
     invalid_turns = [
         [Action("svg", payload="<svg><unclosed")],
         [Action("svg", payload="")],
-        [Action("svg", payload='<svg xmlns="http://www.w3.org/2000/svg"><image href="x.png"/></svg>')],
+        [
+            Action(
+                "svg", payload='<svg xmlns="http://www.w3.org/2000/svg"><image href="x.png"/></svg>'
+            )
+        ],
     ]
     bad_configs = [
         ({"svg_dir": "icons", "jsonl_path": "icons.jsonl"}, "jsonl_path"),
