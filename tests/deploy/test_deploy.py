@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 BIN = Path(sys.executable).parent
 DOCKERFILES = sorted(DOCKER.glob("Dockerfile.*"))
-FAMILIES = {"light": "sokoban,frozenlake,svg", "navigation": "navigation",
+FAMILIES = {"light": "sokoban,frozenlake,svg,vicrit", "navigation": "navigation",
             "primitive_skill": "primitive_skill"}  # fmt: skip
 
 
@@ -152,7 +152,7 @@ def test_compose_envs_command_fronts_the_families():
         try:
             health = httpx.get(gateway.url + "/health", timeout=10).json()
             assert health["role"] == "gateway"
-            assert health["envs"] == ["frozenlake", "sokoban", "svg"]
+            assert health["envs"] == ["frozenlake", "sokoban", "svg", "vicrit"]
             made = httpx.post(gateway.url + "/v1/sessions", json={"env": "svg"}, timeout=60)
             assert made.status_code == 200, made.text
         finally:
