@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+import numpy as np
 from pydantic import ValidationError
 
 from env_server.core import registry
@@ -88,6 +89,17 @@ class WorkerSession:
     turn: int = 0
     done: bool = False
     images: ImageCache = field(default_factory=ImageCache)
+    # the latest image the session showed: what /frame serves when the current observation
+    # is text only (unary feedback after an answer, a text-mode turn)
+    last_image: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.observe(self.obs)
+
+    def observe(self, obs: Observation) -> None:
+        self.obs = obs
+        if obs.images:
+            self.last_image = obs.images[0]
 
 
 class Worker:
@@ -271,7 +283,7 @@ class Worker:
         session_id, seed, encoding = item
         session = self._session(session_id)
         session.seed = session.seed + 1 if seed is None else int(seed)
-        session.obs = session.env.reset(session.seed)
+        session.observe(session.env.reset(session.seed))
         session.episode += 1
         session.turn = 0
         session.done = False
@@ -336,7 +348,7 @@ class Worker:
             )
             info.update(score.info or {})
         parts.env = float(transition.reward)
-        session.obs = transition.observation
+        session.observe(transition.observation)
         session.turn += 1
         session.done = transition.done
         info.update(
@@ -398,9 +410,11 @@ class Worker:
 
     def _frame(self, session_id: str) -> bytes:
         session = self._session(session_id)
-        if not session.obs.images:
-            raise ServiceError("NOT_FOUND", f"session {session_id} has no image")
-        return encode_image(session.obs.images[0], "png").data
+        if session.last_image is None:
+            raise ServiceError(
+                "NOT_FOUND", f"session {session_id} has shown no image (its observations are text)"
+            )
+        return encode_image(session.last_image, "png").data
 
     # ---- replies --------------------------------------------------------------------
     def _reply(
