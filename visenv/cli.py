@@ -196,6 +196,8 @@ def eval_model(
     server: Annotated[list[str], typer.Option(
         help="visenv server HOST:PORT (repeatable); grpc:// or http:// picks the transport.")],
     env: Annotated[str, typer.Option(help="Environment name (see `visenv envs`).")] = "sokoban",
+    config: Annotated[str, typer.Option(help=(
+        "The environment's config as JSON, e.g. '{\"feedback\": \"unary\"}' for vicrit."))] = "{}",
     episodes: Annotated[int, typer.Option(min=1, max=1_000_000, help="Episodes.")] = 32,
     seed: Annotated[int, typer.Option(min=0, max=999, help=(
         "Evaluation seed: held-out levels 1e9 + seed*1e6 + i, disjoint from the levels of "
@@ -221,9 +223,17 @@ def eval_model(
 ) -> None:  # fmt: on
     """Evaluate a model behind an OpenAI-compatible endpoint: success rate, return, reward
     parts, valid actions, world-model scores, failed episodes. Exits 1 if every episode failed."""
+    import json
+
     from clients.eval import eval_level_seeds, run_eval
     from clients.openai_policy import OpenAIPolicy
 
+    try:
+        env_config = json.loads(config)
+        if not isinstance(env_config, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as exc:
+        raise typer.BadParameter(f"--config must be a JSON object: {exc}") from None
     policy = OpenAIPolicy(
         endpoint, model, api_key_env=api_key_env, temperature=temperature,
         max_tokens=max_tokens, timeout=timeout, max_concurrency=concurrency, retries=retries,
@@ -235,7 +245,7 @@ def eval_model(
             else range(first_level, first_level + episodes),
             out, transport=transport,
             format=format, representation=representation, max_turns=max_turns,
-            concurrency=concurrency,
+            concurrency=concurrency, config=env_config,
         )  # fmt: skip
     except Exception as exc:  # no server reachable, unknown env, ...
         typer.secho(f"visenv eval: {exc}", fg=typer.colors.RED, err=True)

@@ -300,15 +300,21 @@ def test_a_real_server_over_rest_grpc_and_visenv_eval(start_visenv_server, tmp_p
         message = {"role": "assistant", "content": "<answer>purple barrel</answer>"}
         return {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
 
-    out = tmp_path / "eval.jsonl"
-    with serve_app(app) as url:
+    def run_eval(url: str, out: Path, *extra: str) -> list[dict]:
         proc = subprocess.run(
             [sys.executable, "-m", "visenv.cli", "eval", "--server", server.grpc,
              "--endpoint", f"{url}/v1", "--model", "fixed", "--env", "vicrit",
-             "--episodes", "2", "--format", "no_think", "--out", str(out)],
+             "--episodes", "2", "--format", "no_think", "--out", str(out), *extra],
             cwd=ROOT, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = [json.loads(line) for line in out.read_text().splitlines()]
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+    with serve_app(app) as url:
+        records = run_eval(url, tmp_path / "eval.jsonl")
+        # --config: the env's config, here unary feedback with two attempts per episode
+        unary = run_eval(url, tmp_path / "unary.jsonl",
+                         "--config", '{"feedback": "unary", "max_attempts": 2}')  # fmt: skip
     assert len(records) == 2 and all(r["ok"] and r["turns"] == 1 for r in records)
     assert all(r["action_valid_rate"] == 1.0 and not r["success"] for r in records)
+    assert len(unary) == 2 and all(r["ok"] and r["turns"] == 2 for r in unary)
