@@ -17,9 +17,12 @@ What it does, on CPU with one thread, against a real `visenv serve`:
    each estimator at the same budget: bi_level (Bi-Level GAE), gae (token-level, one
    reward at the end: VAGEN-Base), turn_wise, grpo, and bi_level with the StarPO-S
    group filter. Every trained policy is evaluated greedily on the held-out levels.
-4. Two observation variants: `text` (the map as a grid of symbols in the observation)
-   for every arm, and `vision` (the image only) for the warm-up and bi_level, to see
-   whether the tiny random vision tower reads the map at all.
+4. Three observation variants: `text` (the map as a grid of symbols in the observation,
+   VAGEN's text mode) for every arm; `natural` (one sentence per object: "The goal is
+   below and to the left of the player.") and `vision` (the image only) for the warm-up
+   and bi_level, to see which form of the map the tiny random model reads at all. The
+   spread of each policy's first answer over the held-out levels says whether it reads
+   the level: a blind policy gives one answer everywhere.
 
 Results (per seed, mean, spread, 95% interval over seeds) go to `--json` after every
 arm (a run cut short keeps what it measured), and a plot to `--plot`.
@@ -69,10 +72,16 @@ ARMS = {  # PPO arms: config overrides on top of the common ones
 }
 
 
+VARIANTS = {  # observation variants: env config on top of the common one
+    "text": {"render_mode": "text"},  # the grid of symbols (VAGEN's text mode)
+    "natural": {"render_mode": "text", "text_as": "natural"},  # "The goal is below ..."
+    "vision": {"render_mode": "vision"},  # the image only
+}
+
+
 def env_config(variant: str) -> dict[str, Any]:
-    mode = {"text": "text", "vision": "vision"}[variant]
     return {"size": SIZE, "p": P_FROZEN, "max_turns": MAX_TURNS, "image_size": 112,
-            "render_mode": mode}  # fmt: skip
+            **VARIANTS[variant]}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- server
@@ -306,9 +315,14 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write the results here (after every arm)")
     ap.add_argument("--plot", default=None, help="write the summary plot here")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="training seeds")
-    ap.add_argument("--variants", nargs="+", default=["text", "vision"])
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--arms", nargs="+", default=list(ARMS))
-    ap.add_argument("--vision-arms", nargs="+", default=["bi_level"])
+    ap.add_argument(
+        "--probe-arms",
+        nargs="+",
+        default=["bi_level"],
+        help="arms of the natural and vision variants (all arms run on text)",
+    )
     ap.add_argument("--eval-levels", type=int, default=100)
     ap.add_argument("--demo-levels", type=int, default=128, help="warm-up levels per seed")
     ap.add_argument("--plan-levels", type=int, default=1000, help="levels the fixed plan is fit on")
@@ -383,7 +397,7 @@ def main() -> None:
 
         report["runs"] = {}
         for variant in args.variants:
-            arms = args.arms if variant == "text" else args.vision_arms
+            arms = args.arms if variant == "text" else args.probe_arms
             for seed in args.seeds:
                 run_variant_seed(client, address, args, variant, seed, arms, eval_seeds,
                                  out / f"{variant}-{seed}", report)  # fmt: skip
@@ -477,7 +491,7 @@ def reevaluate(args) -> None:
     try:
         client = EnvClient(address)
         for variant in args.variants:
-            arms = args.arms if variant == "text" else args.vision_arms
+            arms = args.arms if variant == "text" else args.probe_arms
             for seed in args.seeds:
                 folder = Path(args.out) / f"{variant}-{seed}"
                 model, processing = load_policy(folder / "warm")
@@ -527,8 +541,9 @@ def plot(report: dict[str, Any], path: str) -> None:
     highs = [summary_[n].get("ci95", [0, summary_[n]["mean"]])[1] - summary_[n]["mean"]
              for n in names]  # fmt: skip
     fig, (ax, curves) = plt.subplots(1, 2, figsize=(14, 5), width_ratios=[3, 2])
-    colors = ["grey" if n.startswith("baseline") else
-              ("tab:blue" if n.startswith("text") else "tab:orange") for n in names]  # fmt: skip
+    palette = {"baseline": "grey", "text": "tab:blue", "natural": "tab:green",
+               "vision": "tab:orange"}  # fmt: skip
+    colors = [palette[n.split("/")[0]] for n in names]
     ax.bar(range(len(names)), means, yerr=[lows, highs], color=colors, capsize=3)
     for i, n in enumerate(names):
         for v in summary_[n].get("per_seed", []):
