@@ -43,6 +43,44 @@ STATUS = {
 METHODS = ("system_prompt", "reset", "step", "close")
 
 
+def _multipart_body(data_schema: dict[str, Any]) -> dict[str, Any]:
+    """OpenAPI for a multipart/form-data request whose `data` part is JSON (so that a
+    reader, or a fuzzer, knows what the route parses out of the raw body)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["data"],
+                        "properties": {"data": data_schema},
+                    },
+                    "encoding": {"data": {"contentType": "application/json"}},
+                }
+            },
+        }
+    }
+
+
+CONNECT_BODY = _multipart_body({
+    "type": "object",
+    "properties": {
+        "env_config": {"type": "object", "description": "VAGEN env_config keys (translated)"},
+        "seed": {"type": ["integer", "null"], "minimum": 0},
+    },
+})  # fmt: skip
+CALL_BODY = _multipart_body({
+    "type": "object",
+    "required": ["session_id", "method"],
+    "properties": {
+        "session_id": {"type": "string"},
+        "method": {"type": "string", "enum": list(METHODS)},
+        "params": {"type": "object", "description": "reset: {seed}; step: {action_str}"},
+    },
+})  # fmt: skip
+
+
 def error_reply(error: ServiceError) -> JSONResponse:
     return JSONResponse(
         {"error": error.to_json(), "detail": error.message}, status_code=STATUS.get(error.code, 500)
@@ -112,7 +150,7 @@ def vagen_router(service: Any, table: IdTable) -> APIRouter:
             }
         )
 
-    @router.post("/connect")
+    @router.post("/connect", openapi_extra=CONNECT_BODY)
     async def connect(env: str, request: Request) -> Response:
         try:
             data = read_data_part(request.headers.get("content-type", ""), await request.body())
@@ -138,7 +176,7 @@ def vagen_router(service: Any, table: IdTable) -> APIRouter:
             return multipart({"session_id": reply.session_id})
         return multipart({"session_id": reply.session_id, **episode_data(reply)}, png_images(reply))
 
-    @router.post("/call")
+    @router.post("/call", openapi_extra=CALL_BODY)
     async def call(env: str, request: Request) -> Response:
         try:
             data = read_data_part(request.headers.get("content-type", ""), await request.body())
