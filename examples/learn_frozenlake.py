@@ -1,7 +1,13 @@
 """Does the trainer learn? FrozenLake on held-out levels, beside simple baselines.
 
+    # all variants, the small model (about 10 minutes)
     nice -n 10 .venv/bin/python examples/learn_frozenlake.py \\
         --json docs/learn_frozenlake.json --plot docs/learn_frozenlake.png
+    # natural sentences, a model big enough to read them, every arm (about 45 minutes)
+    nice -n 10 .venv/bin/python examples/learn_frozenlake.py --variants natural \\
+        --probe-arms bi_level gae turn_wise grpo bi_level+filter --demo-levels 2048 \\
+        --warmup-epochs 4 --hidden 128 --layers 4 --warmup-lr 1e-3 --actor-lr 5e-5 \\
+        --json docs/learn_frozenlake_natural.json --plot docs/learn_frozenlake_natural.png
 
 What it does, on CPU with one thread, against a real `visenv serve`:
 
@@ -338,6 +344,17 @@ def main() -> None:
     ap.add_argument("--critic-lr", type=float, default=1e-2)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--ppo-epochs", type=int, default=2)
+    ap.add_argument(
+        "--random-repeats",
+        type=int,
+        default=10,
+        help="draws of the random baseline (each over every held-out level)",
+    )
+    ap.add_argument(
+        "--baselines-only",
+        action="store_true",
+        help="recompute the baselines of the results in --json, keep its runs",
+    )
     ap.add_argument("--reevaluate", action="store_true",
                     help="no training: evaluate the models a finished run left in --out again "
                     "(warm-up and last PPO checkpoint of every arm) and write --json")  # fmt: skip
@@ -346,14 +363,24 @@ def main() -> None:
     if args.reevaluate:
         reevaluate(args)
         return
-    out = Path(args.out)
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
     t_start = time.time()
     report: dict[str, Any] = {"args": vars(args), "env": env_config("text") | {"format": FORMAT}}
+    if args.baselines_only:
+        if not args.json or not Path(args.json).exists():
+            raise SystemExit("--baselines-only needs --json with the results of a run")
+        report = json.loads(Path(args.json).read_text())
+        # the levels and fixed plan depend on the run's seeds and sizes: use the run's
+        for key in ("seeds", "demo_levels", "ppo_iterations", "episodes", "plan_levels",
+                    "eval_levels"):  # fmt: skip
+            setattr(args, key, report["args"][key])
+    else:
+        out = Path(args.out)
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
 
     def save() -> None:
-        report["seconds"] = time.time() - t_start
+        key = "baselines_seconds" if args.baselines_only else "seconds"
+        report[key] = time.time() - t_start
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=1))
 
@@ -379,22 +406,13 @@ def main() -> None:
     try:
         client = EnvClient(address)
         # baselines -------------------------------------------------------------------
-        rng = random.Random(0)
-
-        def fixed(inp: PolicyInput) -> list[str]:
-            return plan[PER_TURN * inp.turn : PER_TURN * (inp.turn + 1)]
-
-        def random_moves(inp: PolicyInput) -> list[str]:
-            return [rng.choice(list(MOVES)) for _ in range(rng.randint(1, PER_TURN))]
-
-        report["baselines"] = {
-            "random": play(client, ScriptedPolicy(random_moves), eval_seeds, "text"),
-            "fixed_plan": play(client, ScriptedPolicy(fixed), eval_seeds, "text"),
-            "oracle": play(client, ScriptedPolicy(oracle), eval_seeds, "text"),
-        }
+        report["baselines"] = baselines(client, eval_seeds, plan, args.random_repeats)
         print("baselines:", report["baselines"], flush=True)
         save()
 
+        if args.baselines_only:
+            client.close_client()
+            return finish(report, args, save)
         report["runs"] = {}
         for variant in args.variants:
             arms = args.arms if variant == "text" else args.probe_arms
@@ -407,11 +425,44 @@ def main() -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+    finish(report, args, save)
+
+
+def finish(report: dict[str, Any], args, save) -> None:
     summarise(report, args)
     save()
     if args.plot:
         plot(report, args.plot)
     print(json.dumps(report["summary"], indent=1))
+
+
+def baselines(client: EnvClient, eval_seeds: list[int], plan: list[str], repeats: int):
+    """Random moves (mean over `repeats` draws; each episode's moves seeded by the draw,
+    the level and the turn, so the figure does not depend on the order episodes run in),
+    the best fixed plan and the oracle, on the held-out levels."""
+
+    def fixed(inp: PolicyInput) -> list[str]:
+        return plan[PER_TURN * inp.turn : PER_TURN * (inp.turn + 1)]
+
+    def random_policy(draw: int):
+        def random_moves(inp: PolicyInput) -> list[str]:
+            rng = random.Random(f"{draw}-{inp.seed}-{inp.turn}")
+            return [rng.choice(list(MOVES)) for _ in range(rng.randint(1, PER_TURN))]
+
+        return random_moves
+
+    draws = [play(client, ScriptedPolicy(random_policy(d)), eval_seeds, "text")
+             for d in range(repeats)]  # fmt: skip
+    rates = [d["success_rate"] for d in draws]
+    out = {
+        "random": draws[0] | {"success_rate": float(np.mean(rates)),
+                              "reward": float(np.mean([d["reward"] for d in draws])),
+                              "draws": repeats, "success_rate_min_max": [min(rates), max(rates)]},
+        "fixed_plan": play(client, ScriptedPolicy(fixed), eval_seeds, "text"),
+        "oracle": play(client, ScriptedPolicy(oracle), eval_seeds, "text"),
+    }  # fmt: skip
+    print("baselines:", out, flush=True)
+    return out
 
 
 def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out: Path,
