@@ -141,6 +141,17 @@ def held_out_levels(n: int, training: set[tuple[str, ...]]) -> tuple[list[int], 
     raise RuntimeError("not enough distinct held-out levels")
 
 
+def split_levels(args) -> tuple[set[tuple[str, ...]], list[int], list[int], int]:
+    """The maps every training seed may see (warm-up, PPO, the fixed plan's fit levels),
+    the fixed plan's fit seeds, and the held-out seeds with how many were dropped."""
+    training = {level_key(train_level_seed(s, i)) for s in args.seeds
+                for i in range(max(args.demo_levels, args.ppo_iterations * args.episodes))}  # fmt: skip
+    plan_seeds = [train_level_seed(0, i) for i in range(args.plan_levels)]
+    training |= {level_key(s) for s in plan_seeds}
+    eval_seeds, dropped = held_out_levels(args.eval_levels, training)
+    return training, plan_seeds, eval_seeds, dropped
+
+
 def best_fixed_plan(seeds: list[int], length: int) -> tuple[list[str], float]:
     """The action sequence of `length` moves (or a prefix of it) that solves the most of
     these levels, by exhaustive search over 4**length sequences, all levels at once."""
@@ -385,11 +396,7 @@ def main() -> None:
             Path(args.json).write_text(json.dumps(report, indent=1))
 
     # levels ---------------------------------------------------------------------------
-    training = {level_key(train_level_seed(s, i)) for s in args.seeds
-                for i in range(max(args.demo_levels, args.ppo_iterations * args.episodes))}  # fmt: skip
-    plan_seeds = [train_level_seed(0, i) for i in range(args.plan_levels)]
-    training |= {level_key(s) for s in plan_seeds}
-    eval_seeds, dropped = held_out_levels(args.eval_levels, training)
+    training, plan_seeds, eval_seeds, dropped = split_levels(args)
     report["levels"] = {"held_out": len(eval_seeds), "held_out_first": eval_seeds[0],
                         "duplicates_dropped": dropped, "training_maps": len(training)}  # fmt: skip
     t0 = time.time()
@@ -407,7 +414,6 @@ def main() -> None:
         client = EnvClient(address)
         # baselines -------------------------------------------------------------------
         report["baselines"] = baselines(client, eval_seeds, plan, args.random_repeats)
-        print("baselines:", report["baselines"], flush=True)
         save()
 
         if args.baselines_only:
@@ -533,10 +539,7 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
 
 def reevaluate(args) -> None:
     """Greedy evaluation, on the same held-out levels, of the models in --out."""
-    training = {level_key(train_level_seed(s, i)) for s in args.seeds
-                for i in range(max(args.demo_levels, args.ppo_iterations * args.episodes))}  # fmt: skip
-    training |= {level_key(train_level_seed(0, i)) for i in range(args.plan_levels)}
-    eval_seeds, _ = held_out_levels(args.eval_levels, training)
+    eval_seeds = split_levels(args)[2]
     report: dict[str, Any] = {"args": vars(args), "runs": {}}
     proc, address = start_server()
     try:

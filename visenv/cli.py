@@ -187,6 +187,19 @@ def train(ctx: typer.Context) -> None:
     entry()
 
 
+def _config_option(text: str) -> dict:
+    """An environment config given on the command line as a JSON object."""
+    import json
+
+    try:
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as exc:
+        raise typer.BadParameter(f"--config must be a JSON object: {exc}") from None
+    return value
+
+
 @app.command("eval")
 # fmt: off
 def eval_model(
@@ -223,17 +236,10 @@ def eval_model(
 ) -> None:  # fmt: on
     """Evaluate a model behind an OpenAI-compatible endpoint: success rate, return, reward
     parts, valid actions, world-model scores, failed episodes. Exits 1 if every episode failed."""
-    import json
-
     from clients.eval import eval_level_seeds, run_eval
     from clients.openai_policy import OpenAIPolicy
 
-    try:
-        env_config = json.loads(config)
-        if not isinstance(env_config, dict):
-            raise ValueError("not a JSON object")
-    except ValueError as exc:
-        raise typer.BadParameter(f"--config must be a JSON object: {exc}") from None
+    env_config = _config_option(config)
     policy = OpenAIPolicy(
         endpoint, model, api_key_env=api_key_env, temperature=temperature,
         max_tokens=max_tokens, timeout=timeout, max_concurrency=concurrency, retries=retries,
@@ -281,16 +287,15 @@ def levels_command(
     """Score levels by difficulty (ThinkLite-VL): the oracle's solution length and, with a
     policy, its success over K tries; print the difficulty histograms of all the levels and
     of those a trainer with ppo.level_success_min/max would select."""
-    import json
 
     from trainer import levels as lv
 
     try:
         first, _, last = seeds.partition(":")
         seed_range = range(int(first), int(last))
-        env_config = json.loads(config)
     except ValueError as exc:
-        raise typer.BadParameter(f"--seeds A:B and --config JSON: {exc}") from None
+        raise typer.BadParameter(f"--seeds must be A:B: {exc}") from None
+    env_config = _config_option(config)
     try:
         found = [lv.Level(env, s, _oracle_length(env, env_config, s)) for s in seed_range]
     except Exception as exc:  # an unknown env or a bad config
