@@ -12,7 +12,7 @@ Starts one `visenv serve` (2 workers by default), then:
    batched calls over gRPC), each response well-formed with 2 random moves; sessions
    that finish are reset. Every item that answers an error counts as a failed step.
 
-Targets (/work/shared/BENCHMARKS.md): 2,048 concurrent sessions on one 2-core server
+Targets (../shared/BENCHMARKS.md): 2,048 concurrent sessions on one 2-core server
 with no failed step; an idle Sokoban session at most 1 MB of server memory.
 
     python bench/bench_scale.py                    # 2,048 sessions, 3 rounds of steps

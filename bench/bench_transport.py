@@ -1,4 +1,4 @@
-"""Transport benchmark: the reference workload of /work/shared/BENCHMARKS.md.
+"""Transport benchmark: the reference workload of ../shared/BENCHMARKS.md.
 
 Sokoban 6x6, 1 box, 16 px tiles, 64 sessions each reset with its own seed, format
 grounding_worldmodeling; every step sends each session a well-formed response whose
