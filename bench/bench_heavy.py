@@ -105,7 +105,7 @@ async def bench_env(env: str, args: argparse.Namespace, grpc: str, server: Serve
 
 
 def start(args: argparse.Namespace) -> tuple[subprocess.Popen, str, str, float]:
-    cmd = [sys.executable, "-m", "visenv.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+    cmd = [sys.executable, "-m", "visenv_cli", "serve", "--host", "127.0.0.1", "--port", "0",
            "--grpc-port", "0", "--workers", str(args.workers), "--envs", ",".join(args.envs)]  # fmt: skip
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -260,7 +260,7 @@ def rest_concurrent(url: str, rest: Rest, n: int, rng: random.Random):
 def start_server(workers: int) -> tuple[subprocess.Popen, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VISENV_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "visenv.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+        [sys.executable, "-m", "visenv_cli", "serve", "--host", "127.0.0.1", "--port", "0",
          "--grpc-port", "0", "--workers", str(workers), "--envs", "sokoban",
          "--idle-timeout", "0"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -15,7 +15,7 @@ HTTP_PORT=${HTTP_PORT:-50170}
 GRPC_PORT=${GRPC_PORT:-50171}
 OUT=${OUT:-runs/$PARALLEL-gloo-demo}
 
-"$PY" -m visenv.cli serve --host 127.0.0.1 --port "$HTTP_PORT" --grpc-port "$GRPC_PORT" \
+"$PY" -m visenv_cli serve --host 127.0.0.1 --port "$HTTP_PORT" --grpc-port "$GRPC_PORT" \
     --workers 1 --envs sokoban &
 SERVER=$!
 trap 'kill "$SERVER" 2>/dev/null; wait "$SERVER" 2>/dev/null || true' EXIT

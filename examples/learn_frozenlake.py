@@ -94,7 +94,7 @@ def env_config(variant: str) -> dict[str, Any]:
 
 
 def start_server() -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "visenv.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+    cmd = [sys.executable, "-m", "visenv_cli", "serve", "--host", "127.0.0.1", "--port", "0",
            "--grpc-port", "0", "--workers", "1", "--envs", ENV]  # fmt: skip
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True

@@ -117,7 +117,7 @@ def _spawn(
     env.update(extra_env or {})
     if max_request_bytes is not None:
         env["VISENV_MAX_REQUEST_BYTES"] = str(max_request_bytes)
-    cmd = [sys.executable, "-m", "visenv.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+    cmd = [sys.executable, "-m", "visenv_cli", "serve", "--host", "127.0.0.1", "--port", "0",
            "--grpc-port", "0"]  # fmt: skip
     for flag, value in (("--workers", workers), ("--envs", envs), ("--token", token),
                         ("--idle-timeout", idle_timeout),

@@ -52,7 +52,7 @@ class Server:
 
 def spawn(*args: str) -> Server:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VISENV_")}
-    cmd = [PYTHON, "-m", "visenv.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+    cmd = [PYTHON, "-m", "visenv_cli", "serve", "--host", "127.0.0.1", "--port", "0",
            "--grpc-port", "0", "--token", TOKEN, *args]  # fmt: skip
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -4,16 +4,14 @@ environment_factory over visenv through OpenEnv's client, against a real server.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TOKEN, oracle_plan
+from conftest import TOKEN, oracle_plan
 from transformers.utils import get_json_schema
 
-sys.path.insert(0, str(ROOT / "examples"))
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-import trl_grpo_visenv as example  # noqa: E402
+import trl_grpo_visenv as example  # noqa: E402  (after the variable trl reads at import)
 
 
 @pytest.fixture

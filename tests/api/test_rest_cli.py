@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def visenv(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "visenv.cli", *args],
+        [sys.executable, "-m", "visenv_cli", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 

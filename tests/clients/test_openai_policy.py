@@ -129,7 +129,7 @@ def test_errors_are_returned_in_place_not_made_up(endpoint):
 
 
 def _eval(server, url, model, out, *extra):
-    cmd = [sys.executable, "-m", "visenv.cli", "eval", "--server", server.grpc,
+    cmd = [sys.executable, "-m", "visenv_cli", "eval", "--server", server.grpc,
            "--endpoint", url, "--model", model, "--env", "sokoban", "--episodes", "3",
            "--format", "grounding_worldmodeling", "--max-turns", "2", "--concurrency", "2",
            "--retries", "1", "--out", str(out), *extra]  # fmt: skip

@@ -19,7 +19,7 @@ from trainer.levels import (
     selected_seeds,
     write_levels,
 )
-from visenv.cli import app
+from visenv_cli import app
 
 LEVELS = [
     Level("sokoban", 1, oracle_length=3, rollouts=8, successes=8),  # easy

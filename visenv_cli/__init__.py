@@ -1,5 +1,8 @@
 """The `visenv` command line: serve the environments, list them, train.
 
+The highest layer: it imports the server (env_server/), the SDK (clients/) and the
+trainer; nothing imports it. `visenv/` below everything holds only the wire contract.
+
 visenv serve --port 8000 --grpc-port 50051 --workers 2
 visenv envs
 visenv train CONFIG          (provided by trainer/cli.py)
@@ -366,6 +369,3 @@ def _oracle_length(env: str, config: dict, seed: int) -> int | None:
 def main() -> None:
     app()
 
-
-if __name__ == "__main__":
-    main()
