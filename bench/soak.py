@@ -48,11 +48,9 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "clients"))
-
-from lossy_proxy import LossyProxy  # noqa: E402
 
 from clients import AsyncEnvClient, SessionOptions  # noqa: E402
+from tests.clients.lossy_proxy import LossyProxy  # noqa: E402
 
 SERVING = re.compile(r"visenv serving: HTTP http://([\d.]+:\d+)\s+gRPC ([\d.]+:\d+)")
 LIGHT = ("sokoban", "frozenlake")
@@ -106,7 +104,7 @@ class Audit:
 class Server:
     def __init__(self, args: argparse.Namespace, cap: int) -> None:
         envs = ",".join(LIGHT + (HEAVY if args.heavy else ()))
-        cmd = [sys.executable, "-m", "visenv.cli", "serve", "--host", "127.0.0.1", "--port",
+        cmd = [sys.executable, "-m", "visenv_cli", "serve", "--host", "127.0.0.1", "--port",
                "0", "--grpc-port", "0", "--workers", str(args.workers), "--envs", envs,
                "--max-sessions", str(cap), "--idle-timeout", str(args.idle_timeout)]  # fmt: skip
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

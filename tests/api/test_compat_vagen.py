@@ -18,7 +18,7 @@ import time
 
 import httpx
 import pytest
-from conftest import launch_servers
+from tests.conftest import launch_servers
 from PIL import Image
 
 from env_server.core import Representation, registry

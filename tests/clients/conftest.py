@@ -2,16 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-# tests/ is on sys.path (tests/conftest.py has no package), where this folder would
-# shadow the `clients` package as a namespace package: put the repo root first.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-if "clients" in sys.modules and not hasattr(sys.modules["clients"], "EnvClient"):
-    del sys.modules["clients"]  # the namespace package picked up by an earlier import
 from tests.conftest import VisenvServer, launch_servers
 
 TOKEN = "test-token-123"

@@ -9,10 +9,8 @@ import grpc
 import httpx
 import numpy as np
 import pytest
-from conftest import TOKEN  # the first server needs it; the second ignores it
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from lossy_proxy import LossyProxy
 
 from clients import (
     AsyncEnvClient,
@@ -26,6 +24,8 @@ from clients import (
     Unauthenticated,
     Unavailable,
 )
+from tests.clients.conftest import TOKEN  # the first server needs it; the second ignores it
+from tests.clients.lossy_proxy import LossyProxy
 
 MOVES = ["Up", "Down", "Left", "Right"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import gymnasium
 import numpy as np
 import pytest
-from conftest import TOKEN
 from gymnasium.utils.env_checker import check_env
 
 from clients.gym_env import GYM_ID, RemoteEnv
+from tests.clients.conftest import TOKEN
 
 
 @pytest.mark.parametrize(

@@ -5,12 +5,8 @@ clients over gRPC and REST, half of them through a lossy proxy, a worker SIGKILL
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import soak  # noqa: E402
+from bench import soak
 
 
 def test_short_soak_audit_is_clean():
