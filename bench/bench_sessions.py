@@ -53,6 +53,7 @@ from bench_transport import (  # noqa: E402
     start_server,
     table,
 )
+from single_session import SingleSessionRest  # noqa: E402  (this folder)
 
 from clients import AsyncEnvClient, SessionOptions  # noqa: E402
 
@@ -120,20 +121,25 @@ async def per_session(
         seed = i
         transport = "grpc" if kind == "grpc" else "http"
         async with AsyncEnvClient(address, transport=transport, timeout=300) as client:
+            single = SingleSessionRest(client) if kind != "grpc" else None
             (reply,) = await client.create([options(seed)])
             sid = reply.session_id
             ready.set()
             while not stop.is_set():
                 t0 = time.perf_counter()
-                if kind == "grpc":
+                if single is None:
                     (out,) = await client.step([sid], [response(rng)])
                 else:
-                    (out,) = await client.step_one_by_one([sid], [response(rng)])
+                    (out,) = await single.step([sid], [response(rng)])
                 t1 = time.perf_counter()
                 records.append((t1, t1 - t0))
                 if out.done:
                     seed += n
+                    if single is not None:
+                        single.forget(sid)
                     await client.reset([sid], [seed])
+            if single is not None:
+                await single.aclose()
 
     async def websocket(i: int, ready: asyncio.Event) -> None:
         rng = random.Random(i)

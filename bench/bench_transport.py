@@ -41,6 +41,8 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from single_session import SingleSessionRest  # noqa: E402  (this folder)
+
 from clients import AsyncEnvClient, SessionOptions  # noqa: E402
 from clients.transport import GrpcTransport, HttpTransport, StepItem  # noqa: E402
 from visenv.v1 import visenv_pb2 as pb  # noqa: E402
@@ -204,9 +206,11 @@ async def bench_remote(
         ids = [r.session_id for r in replies]
         seeds = list(range(batch))
 
+        single = SingleSessionRest(client) if kind == "rest-single" else None
+
         async def step(texts: list[str]) -> list[bool]:
-            if kind == "rest-single":
-                out = await client.step_one_by_one(ids, texts)
+            if single is not None:
+                out = await single.step(ids, texts)
             else:
                 out = await client.step(ids, texts)
             return [r.done for r in out]
@@ -214,6 +218,8 @@ async def bench_remote(
         async def reset(positions: list[int]) -> None:
             for p in positions:
                 seeds[p] += batch
+                if single is not None:
+                    single.forget(ids[p])
             await client.reset([ids[p] for p in positions], [seeds[p] for p in positions])
 
         wire = await bytes_per_env_step(kind, client, ids, encoding)
@@ -222,7 +228,10 @@ async def bench_remote(
             "rest-single": "REST one-by-one",
             "grpc-batch": "gRPC batch",
         }[kind]
-        return await measure(f"{label} ({encoding})", batch, step, reset, args, server, wire)
+        result = await measure(f"{label} ({encoding})", batch, step, reset, args, server, wire)
+        if single is not None:
+            await single.aclose()
+        return result
 
 
 async def bytes_per_env_step(
@@ -261,7 +270,7 @@ async def bytes_per_env_step(
 
 
 def start_server(workers: int) -> tuple[subprocess.Popen, str, str]:
-    cmd = [sys.executable, "-m", "visenv.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+    cmd = [sys.executable, "-m", "visenv_cli", "serve", "--host", "127.0.0.1", "--port", "0",
            "--grpc-port", "0", "--workers", str(workers), "--envs", "sokoban"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # fmt: skip

@@ -27,8 +27,9 @@ from typing import Any, TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from . import rollout
 from .errors import ConnectionFailure, NotFound, SessionLost, Unavailable, VisenvError
-from .transport import HttpTransport, ItemResult, StepItem, Transport, make_transport
+from .transport import ItemResult, StepItem, Transport, make_transport
 from .types import ActionSpec, EnvSpec, SessionOptions, SessionReply
 
 T = TypeVar("T")
@@ -380,30 +381,6 @@ class AsyncEnvClient:
         self._forget_lost(ids, results)
         return results if return_exceptions else _raise_first(results)
 
-    async def step_one_by_one(
-        self, session_ids: Sequence[str], responses: Sequence[str]
-    ) -> list[Any]:
-        """Step each session with its own single-session HTTP request (all concurrently).
-
-        For comparison in benchmarks; the batch `step` is the main path."""
-        ids = list(session_ids)
-
-        async def one(sid: str, text: str) -> Any:
-            server = self._servers[self._index_of(sid)]
-            if not isinstance(server, HttpTransport):
-                raise ValueError("step_one_by_one needs an HTTP server")
-            item = StepItem(sid, self._next_step.get(sid, 0), response=text)
-            try:
-                return await self._retrying(lambda: server.step_one(item))
-            except ConnectionFailure as exc:
-                return self._lost(server, exc)
-
-        results = list(
-            await asyncio.gather(*(one(s, t) for s, t in zip(ids, responses, strict=True)))
-        )
-        self._remember(results)
-        return _raise_first(results)
-
     async def get(
         self, session_ids: str | Sequence[str], *, return_exceptions: bool = False
     ) -> list[Any]:
@@ -469,18 +446,14 @@ class AsyncEnvClient:
         self, policy: Any, env: str, seeds: Sequence[int], **kwargs: Any
     ) -> list[Any]:
         """Run whole episodes in batches; see `clients.rollout.run_episodes`."""
-        from .rollout import run_episodes
-
-        return await run_episodes(self, policy, env, seeds, **kwargs)
+        return await rollout.run_episodes(self, policy, env, seeds, **kwargs)
 
     async def run_branches(
         self, policy: Any, source: Any, turn: int, n: int, **kwargs: Any
     ) -> list[Any]:
         """n episodes that continue `source` from its turn `turn`; see
         `clients.rollout.run_branches`."""
-        from .rollout import run_branches
-
-        return await run_branches(self, policy, source, turn, n, **kwargs)
+        return await rollout.run_branches(self, policy, source, turn, n, **kwargs)
 
 
 class _LoopThread:

@@ -29,15 +29,24 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tqdm.auto import tqdm
 
 from .errors import FailedPrecondition, VisenvError
 from .types import Image, Observation, RewardParts, SessionOptions, SessionReply
 
-if TYPE_CHECKING:
-    from .client import AsyncEnvClient
+
+class SessionClient(Protocol):
+    """What a rollout needs from a client: the batch session calls of `AsyncEnvClient`
+    (declared here so that this module and the client do not import each other)."""
+
+    async def create(self, options: Any, *, return_exceptions: bool = ...) -> list[Any]: ...
+    async def reset(self, session_ids: Any, seeds: Any = ..., **kw: Any) -> list[Any]: ...
+    async def step(self, session_ids: Any, responses: Any, **kw: Any) -> list[Any]: ...
+    async def close(self, session_ids: Any) -> list[Any]: ...
+    async def fork(self, session_id: str, n: int = ...) -> list[SessionReply]: ...
+    async def fork_many(self, session_ids: Any, n: int, **kw: Any) -> list[Any]: ...
 
 
 # failures worth running an episode again for: its session was lost (a worker died),
@@ -193,7 +202,7 @@ async def _call_policy(policy: Policy, batch: list[PolicyInput]) -> list[str | V
 
 
 async def _play_turn(
-    client: AsyncEnvClient,
+    client: SessionClient,
     policy: Policy,
     live: dict[str, _Live],
     max_turns: int | None,
@@ -268,7 +277,7 @@ async def _play_turn(
 
 
 async def run_episodes(
-    client: AsyncEnvClient,
+    client: SessionClient,
     policy: Policy,
     env: str,
     seeds: Sequence[int],
@@ -404,7 +413,7 @@ async def run_episodes(
 
 
 async def run_branches(
-    client: AsyncEnvClient,
+    client: SessionClient,
     policy: Policy,
     source: Trajectory,
     turn: int,
@@ -482,7 +491,7 @@ async def run_branches(
 
 
 async def _replay(
-    client: AsyncEnvClient, reply: SessionReply, source: Trajectory, turn: int
+    client: SessionClient, reply: SessionReply, source: Trajectory, turn: int
 ) -> SessionReply:
     """Step `source`'s responses of its turns before `turn`; check each observation."""
     for i in range(turn + 1):
