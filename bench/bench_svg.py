@@ -18,7 +18,7 @@ import time
 
 from env_server.core import Action
 from env_server.envs.svg import SvgConfig, SvgEnv, data
-from env_server.envs.svg.render import Limits, RenderProcess, check_svg, render_svg
+from env_server.envs.svg.rasterize import Limits, RenderProcess, check_svg, render_svg
 from env_server.envs.svg.render_worker import render_in_process
 from env_server.envs.svg.score import DEFAULT_WEIGHTS, OfflineScorer
 

@@ -24,11 +24,15 @@ The checks (one test method each):
   observations;
 - the oracle solves every seed's level within `oracle_max_turns` turns (default: the
   config's `max_turns`) with actions from the action space;
-- `step` before `reset` and after the episode's end raise `EnvError` with code
-  FAILED_PRECONDITION; a negative seed raises `EnvError` with code INVALID_ARGUMENT;
+- `step` before `reset` and after the episode's end, and `oracle_actions` before
+  `reset`, raise `EnvError` with code FAILED_PRECONDITION and the base class's wording;
+  `oracle_actions` after the end is []; a negative seed raises `EnvError` with code
+  INVALID_ARGUMENT;
+- `action_space_for(config)` (read without building an environment) equals the built
+  environment's `action_space`;
 - an invalid action (an unknown name, and each of `invalid_turns`) and a turn over
-  `max_per_turn` actions are normal replies that list them in `invalid_actions`, never
-  an exception;
+  `max_per_turn` actions are normal replies that list them in `invalid_actions` (those
+  over the limit in the base class's wording), never an exception; `turn` counts turns;
 - a bad config raises pydantic's ValidationError whose `loc` names the field;
 - `snapshot` / `restore` round-trip: after a restore, on the same instance or a fresh one,
   the same turns give the same observations and rewards;
@@ -52,6 +56,9 @@ One environment instance per test class is shared by the checks (class-scoped fi
 so that a simulator's start-up cost is paid once per class; checks that need a never-reset
 or second instance make one with `make_env()`. Environments that cannot snapshot set
 `supports_snapshot = False` and the check wants a clear error instead.
+
+`TinyEnv` (registered by tests as "tiny", `env_server.testing:TinyEnv`) is a small real
+environment whose actions and seeds make the failures a server must survive.
 """
 
 from __future__ import annotations
@@ -60,16 +67,21 @@ import base64
 import copy
 import json
 import math
+import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from env_server.core import (
     Action,
+    ActionKind,
+    ActionSpace,
+    EnvConfig,
     EnvError,
     Environment,
     Observation,
@@ -77,7 +89,13 @@ from env_server.core import (
     ResponseFormat,
     Transition,
 )
-from env_server.core.env import StatePrompt
+from env_server.core.env import (
+    EPISODE_ENDED,
+    ORACLE_BEFORE_RESET,
+    STEP_BEFORE_RESET,
+    StatePrompt,
+    over_limit,
+)
 
 UNKNOWN_ACTION = "definitely_not_an_action"
 
@@ -115,12 +133,15 @@ def _check_plain(value: Any, where: str) -> None:
     )
 
 
-def assert_precondition_error(call, what: str) -> None:
-    """`call()` must raise EnvError with code FAILED_PRECONDITION."""
+def assert_precondition_error(call, what: str, message: str | None = None) -> None:
+    """`call()` must raise EnvError with code FAILED_PRECONDITION (and `message`, if given:
+    the base class's wording)."""
     with pytest.raises(EnvError) as err:
         call()
     assert err.value.code == "FAILED_PRECONDITION", f"{what}: code {err.value.code!r}"
     assert err.value.message, f"{what}: the error says nothing"
+    if message is not None:
+        assert err.value.message == message, f"{what}: {err.value.message!r}, not {message!r}"
 
 
 @dataclass
@@ -168,6 +189,7 @@ class Run:
     returned: list[Observation | Transition] = field(default_factory=list)
     actions: list[list[Action]] = field(default_factory=list)  # the turns played
     after_end: BaseException | None = None  # what a step after the end raised, if tried
+    oracle_after_end: Any = None  # what oracle_actions() answered after the end, if asked
 
     def add(self, result: Observation | Transition) -> Observation | Transition:
         self.frames.append(Frame.of(result))
@@ -272,7 +294,7 @@ class EnvironmentContract:
                 if run.done:
                     break
                 run.step(env, env.oracle_actions())
-            for _ in range(getattr(env.config, "max_turns", 1000)):
+            for _ in range(env.config.max_turns):
                 if run.done:
                     break
                 run.step(env, [])
@@ -280,12 +302,16 @@ class EnvironmentContract:
                 env.step(list(cls.valid_turns[0]) if cls.valid_turns else [])
             except BaseException as exc:  # noqa: BLE001 - handed to the test that checks it
                 run.after_end = exc
+            try:
+                run.oracle_after_end = env.oracle_actions()
+            except BaseException as exc:  # noqa: BLE001 - handed to the test that checks it
+                run.oracle_after_end = exc
             out.append(run)
         return out
 
     @classmethod
     def oracle_bound(cls, env: Environment) -> int:
-        return cls.oracle_max_turns or int(getattr(env.config, "max_turns", 10))
+        return cls.oracle_max_turns or env.config.max_turns
 
     @classmethod
     def play(cls, env: Environment, seed: int, turns: list[list[Action]] | None = None) -> Run:
@@ -318,6 +344,14 @@ class EnvironmentContract:
         assert_plain_json(space.to_json(), "action_space")
         for name in space.names:
             assert space.lookup(name.upper()) == name
+
+    def test_action_space_is_readable_without_an_environment(self, env: Environment) -> None:
+        declared = self.env_class.action_space_for(env.config)
+        assert isinstance(declared, ActionSpace)
+        assert declared == env.action_space, "action_space_for(config) != the built env's"
+        default = self.env_class.action_space_for(self.env_class.Config())
+        assert isinstance(default, ActionSpace)
+        assert_plain_json(default.to_json(), "action_space_for(Config())")
 
     # ---- determinism --------------------------------------------------------------------------
     def test_same_seed_same_run(self, env: Environment, runs: list[Run]) -> None:
@@ -378,7 +412,9 @@ class EnvironmentContract:
     def test_step_before_reset_is_a_precondition_error(self) -> None:
         fresh = self.make_env()
         try:
-            assert_precondition_error(lambda: fresh.step(list(self.valid_turns[0])), "step")
+            step = lambda: fresh.step(list(self.valid_turns[0]))  # noqa: E731
+            assert_precondition_error(step, "step", STEP_BEFORE_RESET)
+            assert_precondition_error(fresh.oracle_actions, "oracle_actions", ORACLE_BEFORE_RESET)
         finally:
             fresh.close()
 
@@ -389,6 +425,11 @@ class EnvironmentContract:
                 f"seed {run.seed}: a step after the end raised {error!r}, not EnvError"
             )
             assert error.code == "FAILED_PRECONDITION", f"seed {run.seed}: code {error.code!r}"
+            assert error.message == EPISODE_ENDED, f"seed {run.seed}: {error.message!r}"
+
+    def test_oracle_after_the_end_has_no_actions(self, oracle_runs: list[Run]) -> None:
+        for run in oracle_runs:
+            assert run.oracle_after_end == [], f"seed {run.seed}: {run.oracle_after_end!r}"
 
     def test_negative_seed_is_refused(self, env: Environment) -> None:
         with pytest.raises(EnvError) as err:
@@ -412,10 +453,14 @@ class EnvironmentContract:
 
     def test_actions_over_the_turn_limit_are_reported_not_raised(self, env: Environment) -> None:
         env.reset(self.seeds[0])
+        assert env.turn == 0, f"turn {env.turn} after a reset"
         limit = env.action_space.max_per_turn
-        tr = env.step([self.valid_turns[0][0]] * (limit + 1))
+        action = self.valid_turns[0][0]
+        tr = env.step([action] * (limit + 1))
         assert tr.invalid_actions, f"{limit + 1} actions in a turn of at most {limit}"
+        assert tr.invalid_actions[-1] == over_limit(action, limit), tr.invalid_actions
         assert tr.actions_executed <= limit
+        assert env.turn == 1, f"turn {env.turn} after one step"
         self.check_transition_types(tr, "over-long turn")
 
     # ---- config --------------------------------------------------------------------------------------
@@ -524,6 +569,102 @@ class EnvironmentContract:
         assert_plain_json(tr.info, f"{where}: info")
         if tr.success:
             assert tr.terminated, f"{where}: success without terminated"
+
+
+# ======================================================================================
+# A tiny environment for service tests
+# ======================================================================================
+
+
+class TinyConfig(EnvConfig):
+    """Options of the tiny corridor."""
+
+    length: int = Field(4, ge=2, le=32, description="Cells in the corridor.")
+
+
+TINY_CELL = 8  # pixels per cell side
+TINY_SPACE = ActionSpace(
+    ActionKind.DISCRETE, ("Left", "Right", "Crash", "Exit", "Hang"), max_per_turn=2
+)
+
+
+class TinyEnv(Environment):
+    """A corridor of cells: walk Right to the goal at the far end.
+
+    A real environment for testing a server's failure paths, which real environments
+    should never take: the action `Crash` raises inside `step` (an environment bug),
+    `Exit` kills the worker process, `Hang` never returns (a stuck environment), seed 666
+    makes `reset` raise, and seed 667 puts an object no JSON can hold into the ground
+    truth. Tests register it by its import path: `{"tiny": "env_server.testing:TinyEnv"}`
+    (`Settings.env_paths`, or `VISENV_ENV_PATHS` for a `visenv serve`).
+    """
+
+    name: ClassVar[str] = "tiny"
+    Config: ClassVar[type[EnvConfig]] = TinyConfig
+    description: ClassVar[str] = "A corridor: walk Right to the goal."
+
+    config: TinyConfig
+
+    @classmethod
+    def action_space_for(cls, config: EnvConfig) -> ActionSpace:
+        return TINY_SPACE
+
+    def _reset(self, seed: int) -> Observation:
+        if seed == 666:
+            raise RuntimeError("tiny env failed to reset on purpose")
+        self.unencodable = seed == 667
+        self.pos = seed % (self.config.length - 1)
+        return self._obs()
+
+    def _obs(self) -> Observation:
+        length = self.config.length
+        image = np.zeros((TINY_CELL, TINY_CELL * length, 3), np.uint8)
+        image[:, TINY_CELL * self.pos : TINY_CELL * (self.pos + 1)] = (255, 0, 0)
+        image[:, -TINY_CELL:, 1] = 255
+        return Observation("Corridor: <image>", [image], self.ground_truth())
+
+    def _apply(self, actions: list[Action]) -> Transition:
+        executed, invalid = 0, []
+        for action in actions:
+            if action.name == "Crash":
+                raise RuntimeError("tiny env crashed on purpose")
+            if action.name == "Exit":
+                os._exit(3)
+            if action.name == "Hang":
+                while True:
+                    time.sleep(0.05)
+            if action.name not in ("Left", "Right"):
+                invalid.append(f"{action.name}: unknown action")
+                break
+            self.pos = max(0, self.pos + (1 if action.name == "Right" else -1))
+            executed += 1
+        success = self.pos == self.config.length - 1
+        return Transition(
+            self._obs(),
+            10.0 if success else -0.1,
+            terminated=success,
+            truncated=False,
+            success=success,
+            actions_executed=executed,
+            invalid_actions=invalid,
+        )
+
+    def ground_truth(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"player": [0, self.pos], "goal": [0, self.config.length - 1]}
+        if self.unencodable:
+            state["thing"] = object()
+        return state
+
+    def describe(self, state: dict[str, Any], representation: Representation) -> str:
+        if representation == Representation.STRUCTURED:
+            return json.dumps(state)
+        return f"The player is at cell {state['player'][1]}; the goal at {state['goal'][1]}."
+
+    def system_prompt(self, format: ResponseFormat) -> str:
+        return "Walk Right until you reach the goal. Actions: Left, Right."
+
+    def _oracle(self) -> list[Action]:
+        return [Action("Right")] * (self.config.length - 1 - self.pos)
 
 
 # ======================================================================================

@@ -6,7 +6,7 @@
     def test_y(start_visenv_server):           # a server of your own (stopped afterwards)
         server = start_visenv_server(workers=1, max_sessions=3, token="t")
 
-Servers also offer the test-only `tiny` environment (tests/service/tiny_env.py).
+Servers also offer the test-only `tiny` environment (`env_server.testing.TinyEnv`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVING = re.compile(r"visenv serving: HTTP (http://[\d.]+:\d+)\s+gRPC ([\d.]+:\d+)?")
-TINY = '{"tiny": "tiny_env:TinyEnv"}'
+TINY = '{"tiny": "env_server.testing:TinyEnv"}'
 
 
 @dataclass
@@ -111,9 +111,7 @@ def _spawn(
 ):
     env = {k: v for k, v in os.environ.items() if not k.startswith("VISENV_")}
     env["VISENV_ENV_PATHS"] = TINY
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "tests" / "service"), str(ROOT), env.get("PYTHONPATH", "")]
-    )
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env.update(extra_env or {})
     if max_request_bytes is not None:
         env["VISENV_MAX_REQUEST_BYTES"] = str(max_request_bytes)

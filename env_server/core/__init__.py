@@ -1,6 +1,6 @@
 """The environment contract, step/observation types and the registry."""
 
-from .env import EnvConfig, Environment
+from .env import EnvConfig, Environment, StatePrompt, check_seed
 from .types import (
     IMAGE_PLACEHOLDER,
     Action,
@@ -20,6 +20,8 @@ __all__ = [
     "ActionKind",
     "ActionSpace",
     "EnvConfig",
+    "StatePrompt",
+    "check_seed",
     "EnvError",
     "Environment",
     "Observation",

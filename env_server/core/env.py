@@ -10,7 +10,8 @@ Lifecycle (as in gymnasium's `Env` and dm_env's `Environment`):
 
 Seeding rules: `reset(seed)` fully determines the episode. An environment holds no
 hidden global randomness; every random choice comes from a generator created from
-the seed at reset. Stepping after the episode ended is an `EnvError`.
+the seed at reset. Stepping before reset or after the episode ended is an `EnvError`
+(FAILED_PRECONDITION), raised by the base class with one wording for every environment.
 
 World-model prompts: `reasoning/` tells the agent how to write a state in the session's
 representation (inside `<observation>` / `<prediction>`) and shows an example. Grid
@@ -26,11 +27,22 @@ from __future__ import annotations
 import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, ClassVar
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from .types import Action, ActionSpace, Observation, Representation, ResponseFormat, Transition
+from .spatial import GradingSpec
+from .types import (
+    Action,
+    ActionSpace,
+    EnvError,
+    Observation,
+    Representation,
+    ResponseFormat,
+    Transition,
+)
 
 
 @dataclass(frozen=True)
@@ -89,22 +101,77 @@ class EnvConfig(BaseModel):
     max_turns: int = Field(10, ge=1, le=1000, description="Turns before the episode is truncated.")
 
 
+# One wording per error, shared by every environment (the base class raises them).
+STEP_BEFORE_RESET = "step() before reset(): reset the episode first"
+EPISODE_ENDED = "the episode has ended; reset it to play again"
+ORACLE_BEFORE_RESET = "oracle_actions() before reset(): reset the episode first"
+
+
+def over_limit(action: Action, limit: int) -> str:
+    """The refusal of an action past the per-turn limit."""
+    return f"{action.name}: over the limit of {limit} actions per turn"
+
+
+def check_seed(seed: Any) -> int:
+    """`seed` as an int, or EnvError (INVALID_ARGUMENT) if it is not a non-negative integer."""
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise EnvError(f"seed must be a non-negative integer, got {seed!r}")
+    return int(seed)
+
+
 class Environment(ABC):
     """Abstract base class of all environments.
 
-    Subclasses set `name`, `Config` (a pydantic model deriving from `EnvConfig`) and
-    `action_space`, and implement the abstract methods.
+    What a subclass declares (the framework reads these and nothing else):
+
+    - `name`, `Config` (a pydantic model deriving from `EnvConfig`), `description`;
+    - `action_space_for(config)`: the action space a config gives, readable without
+      building an environment (the server lists it); `self.action_space` holds it;
+    - `grading`: how `reasoning/` grades `<observation>`/`<prediction>` texts of this
+      environment's states with its generic grid/position grader, or `grade_description`
+      overridden to grade them itself (then `grading` may be None);
+    - `render_answer(action)`: the picture an agent's answer draws, where there is one
+      (the svg environment renders the agent's SVG); None otherwise;
+    - `state_prompt(rep)`, `fork_tolerance`, `unavailable_reason()` where they differ
+      from the defaults.
+
+    What the base class does, in one place, for every environment (as gymnasium's
+    `TimeLimit` and `PassiveEnvChecker` do around an `Env`):
+
+    - `reset(seed)` checks the seed, starts the turn count and calls `_reset(seed)`;
+    - `step(actions)` refuses a step before reset and after the episode ended (the
+      FAILED_PRECONDITION errors, one wording each), cuts the turn to
+      `action_space.max_per_turn` actions (the rest are reported as invalid), counts the
+      turn, calls `_apply(actions)` and truncates the episode when `config.max_turns`
+      turns have been played and it has not terminated;
+    - `oracle_actions()` refuses before reset, answers [] once the episode ended, and
+      otherwise asks `_oracle()`.
+
+    So an environment implements `_reset`, `_apply`, `_oracle`, `ground_truth`,
+    `describe` and `system_prompt`, and reads `self.turn` (turns played, counting the
+    one being applied) and `self.refused` (this turn's actions past the limit) where it
+    needs them.
     """
 
     name: ClassVar[str]
     Config: ClassVar[type[EnvConfig]] = EnvConfig
     description: ClassVar[str] = ""
+    # how reasoning/'s generic grader reads this environment's states; None when the
+    # environment grades descriptions itself (grade_description)
+    grading: ClassVar[GradingSpec | None] = GradingSpec()
     # None: a restored snapshot (a forked session) answers every action exactly as the
     # original would; otherwise what may differ, said to clients in the fork's reply
     fork_tolerance: ClassVar[str | None] = None
 
     def __init__(self, config: EnvConfig | None = None) -> None:
         self.config = config if config is not None else self.Config()
+        self.action_space: ActionSpace = self.action_space_for(self.config)
+        self.turn = 0  # turns played in this episode
+        # this turn's actions past the per-turn limit, refused (already worded), for an
+        # environment whose observation text reports refused actions; the base class adds
+        # them to the transition's invalid_actions after `_apply`
+        self.refused: list[str] = []
+        self._phase = _Phase.NEW
 
     # ---- availability -------------------------------------------------
     @classmethod
@@ -116,21 +183,75 @@ class Environment(ABC):
         """
         return None
 
-    # ---- the contract -------------------------------------------------
-    @property
+    # ---- what the subclass declares ------------------------------------
+    @classmethod
     @abstractmethod
-    def action_space(self) -> ActionSpace: ...
+    def action_space_for(cls, config: EnvConfig) -> ActionSpace:
+        """The action space an environment with `config` has."""
 
-    @abstractmethod
+    # ---- the lifecycle, done here for every environment ----------------
     def reset(self, seed: int) -> Observation:
         """Start a new episode determined entirely by `seed`."""
+        seed = check_seed(seed)
+        self._phase = _Phase.NEW
+        self.turn = 0
+        observation = self._reset(seed)
+        self._phase = _Phase.RUNNING
+        return observation
 
-    @abstractmethod
     def step(self, actions: list[Action]) -> Transition:
         """Apply up to `action_space.max_per_turn` actions (one turn).
 
         Invalid actions are reported in `Transition.invalid_actions`, never raised.
         """
+        if self._phase is _Phase.NEW:
+            raise EnvError(STEP_BEFORE_RESET, "FAILED_PRECONDITION")
+        if self._phase is _Phase.ENDED:
+            raise EnvError(EPISODE_ENDED, "FAILED_PRECONDITION")
+        limit = self.action_space.max_per_turn
+        self.turn += 1
+        self.refused = [over_limit(a, limit) for a in actions[limit:]]
+        transition = self._apply(list(actions[:limit]))
+        transition.invalid_actions.extend(self.refused)
+        if not transition.terminated and self.turn >= self.config.max_turns:
+            transition.truncated = True
+        if transition.terminated or transition.truncated:
+            self._phase = _Phase.ENDED
+        return transition
+
+    def oracle_actions(self) -> list[Action]:
+        """An expert's next actions from the current state (at most one turn's worth);
+        [] once the episode has ended."""
+        if self._phase is _Phase.NEW:
+            raise EnvError(ORACLE_BEFORE_RESET, "FAILED_PRECONDITION")
+        if self._phase is _Phase.ENDED:
+            return []
+        return self._oracle()[: self.action_space.max_per_turn]
+
+    @property
+    def episode_over(self) -> bool:
+        """True once the episode terminated or was truncated (until the next reset)."""
+        return self._phase is _Phase.ENDED
+
+    @property
+    def last_turn(self) -> bool:
+        """True while the turn being applied is the last one `max_turns` allows."""
+        return self.turn >= self.config.max_turns
+
+    # ---- what the subclass implements ----------------------------------
+    @abstractmethod
+    def _reset(self, seed: int) -> Observation:
+        """Start the episode of `seed` (already checked) and return its first observation."""
+
+    @abstractmethod
+    def _apply(self, actions: list[Action]) -> Transition:
+        """Apply one turn's actions (at most `max_per_turn`; `self.turn` already counts
+        this turn). Leave `truncated` False unless the environment has its own budget:
+        the base class truncates at `max_turns`."""
+
+    @abstractmethod
+    def _oracle(self) -> list[Action]:
+        """An expert's next actions from the current, running state."""
 
     @abstractmethod
     def ground_truth(self) -> dict[str, Any]:
@@ -147,14 +268,26 @@ class Environment(ABC):
         `reasoning/` adds the response-format instructions around it.
         """
 
-    @abstractmethod
-    def oracle_actions(self) -> list[Action]:
-        """An expert's next actions from the current state (at most one turn's worth)."""
-
     def close(self) -> None:
         """Release resources (simulators, renderer contexts). Safe to call twice."""
 
-    # ---- optional -----------------------------------------------------
+    # ---- optional, with defaults ----------------------------------------
+    def grade_description(
+        self, text: str, truth: dict[str, Any], representation: Representation
+    ) -> float | None:
+        """A score in [0, 1] for `text` describing the state `truth` (the parsed
+        structured description), or None (the default): grade it with `grading`."""
+        return None
+
+    @property
+    def grades_descriptions(self) -> bool:
+        """Whether this environment overrides `grade_description`."""
+        return type(self).grade_description is not Environment.grade_description
+
+    def render_answer(self, action: Action) -> np.ndarray | None:
+        """The image an agent's answer draws (RGB uint8), or None where answers draw nothing."""
+        return None
+
     def state_prompt(self, representation: Representation) -> StatePrompt | None:
         """How the agent writes a state in `representation`, with an example (see the
         module docstring); None (the default) means the generic grid instructions built
@@ -171,3 +304,9 @@ class Environment(ABC):
 
     def restore(self, snapshot: Any) -> None:
         self.__dict__.update(copy.deepcopy(snapshot))
+
+
+class _Phase(Enum):
+    NEW = "new"  # built or being reset: no episode to step
+    RUNNING = "running"
+    ENDED = "ended"  # terminated or truncated

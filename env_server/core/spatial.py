@@ -1,8 +1,8 @@
 """Shared vocabulary for writing and grading states.
 
 Environments use these helpers to write their `natural` representation, and
-`reasoning/` reads the same words back when it grades an agent's description, so
-both sides agree on what "above and to the left of the player" means.
+`core.reading` reads the same words back (for `reasoning/` when it grades an agent's
+description), so both sides agree on what "above and to the left of the player" means.
 
 Conventions for grid environments: positions are `[row, col]`, row 0 at the top,
 col 0 on the left. For continuous environments positions are `[x, y, z]` in the

@@ -11,16 +11,18 @@ discourage repeating an earlier answer:
 where `base_reward` is the environment's own reward for the answer (1/0 for vicrit's exact
 match, the similarity score for svg) and "repeated" means the answer equals (after the
 environment's normalisation) one given earlier in the episode. A correct answer ends the
-episode (terminated); running out of attempts ends it too (truncated, as `max_turns` does).
+episode (terminated); running out of attempts ends it too (truncated: the attempts are the
+episode's `max_turns`, one answer per turn, so `Environment.step` truncates the last one;
+`Attempt.truncated` says the same).
 
 An environment opts in by deriving its config from `FeedbackConfig` and keeping an
-`Attempts` record in its episode state:
+`Attempts` record in its episode state; in its `_apply`:
 
     attempt = episode.attempts.record(self.config, key=normalised_answer, correct=ok,
                                       base_reward=r)  # counts it against max_turns
-    ... reward=attempt.reward, terminated=attempt.correct, truncated=attempt.truncated,
+    ... reward=attempt.reward, terminated=attempt.correct (the base class truncates)
     ... info.update(attempt.info())
-    ... observation text: `feedback_observation(cfg)` after a wrong answer when unary
+    ... observation: `feedback_observation(cfg, ground_truth)` after a wrong answer when unary
 
 Under `feedback: "unary"` an episode lasts at most `max_attempts` answers, and the
 config's `max_turns` says the same (it is set to `max_attempts` when left out; giving a

@@ -10,81 +10,85 @@ Other values are graded as attributes: strings, numbers and lists of them
 (navigation's `"direction": "left"`, `"distance": 2.5`); nested dicts are
 flattened with dotted keys. Types in `GradingSpec.ignore` are never graded.
 
-A description is read in the session's representation:
+A description is read in the session's representation (structured JSON, a symbolic
+grid, natural relation sentences) and scored as an F1 of its claims against the truth by
+`core.reading`, the reading side of `core.spatial`'s vocabulary that environments write
+with (its docstring has the rules).
 
-- `structured`: the first JSON object in the text (tuples "(1, 2)" and single quotes
-  are accepted), read the same way as the truth;
-- `symbolic`: the longest block of lines written in the grid symbols of
-  `GradingSpec.symbols`; each cell gives the object types standing on it at [row, col];
-- `natural`: sentences relating objects to the anchor ("The box is below and to the
-  right of the player", "The hole is Up and Left of me"), in `core.spatial`'s words
-  and the usual synonyms (up/down/left/right, above/below, same row/column).
+This module adds what the reward needs around those readers: the truth of a state
+(cached per state, with the items and relations derived from it, since one state is
+graded against many texts), the environment's own grader where it has one, and the
+check of a session's representation.
 
-Score = F1 between claimed and true items, matched per object type with the
-Hungarian algorithm. A matched pair earns partial credit: for positions, the share
-of axes within `GradingSpec.tolerance`; for natural relations, 0.5 per correct axis
-(vertical, horizontal). Relations between two non-anchor objects ("the target is
-right of the box") are checked too, and count toward precision only. A description
-with no gradable claim scores 0.
-
-An environment whose states don't fit these readers may define
-`grade_description(text, truth, representation) -> float` and it is used instead.
+An environment whose states don't fit these readers overrides
+`Environment.grade_description(text, truth, representation)` and it is used instead
+(where it answers None, these readers grade the text with the environment's `grading`).
 """
 
 from __future__ import annotations
 
-import ast
 import functools
 import json
-import re
-from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-from scipy.optimize import linear_sum_assignment
-
+from env_server.core import reading
 from env_server.core.env import Environment
-from env_server.core.spatial import (
-    HORIZONTAL,
-    SAME_COLUMN,
-    SAME_ROW,
-    VERTICAL,
-    GradingSpec,
+from env_server.core.reading import (
+    Item,
+    Relation,
+    Value,
+    f1,
+    item_credit,
+    matched_credit,
+    normalize_key,
+    parse_natural,
+    parse_structured,
+    parse_symbolic,
+    relation,
+    score_items,
+    state_items,
 )
+from env_server.core.spatial import GradingSpec
 from env_server.core.types import EnvError, Representation
 
-Value = tuple[float, ...] | str | float | bool
+__all__ = [
+    # the readers and scores, from `core.reading`
+    "Item",
+    "Relation",
+    "Value",
+    "f1",
+    "item_credit",
+    "matched_credit",
+    "normalize_key",
+    "parse_natural",
+    "parse_structured",
+    "parse_symbolic",
+    "relation",
+    "score_items",
+    "state_items",
+    # grading with cached truths
+    "GradedTruth",
+    "cached_grading_state",
+    "check_representation",
+    "grade",
+    "grade_for_env",
+    "grade_natural",
+    "grade_structured",
+    "grade_symbolic",
+    "grading_spec",
+    "grading_state",
+    "score_relations",
+]
 
-
-@dataclass(frozen=True)
-class Item:
-    """One gradable fact: a position of an object type, or an attribute value."""
-
-    key: str
-    value: Value
-
-
-@dataclass(frozen=True)
-class Relation:
-    """A claim that `subject` is at (vertical, horizontal) relative to `ref`.
-
-    An axis is None when the text contradicts itself on it ("up ... down").
-    """
-
-    subject: str
-    ref: str
-    vertical: str | None
-    horizontal: str | None
+_canonical_keys = reading.canonical_keys  # the judge reads its extractions' keys with it
 
 
 # ---- the truth ---------------------------------------------------------------
 
 
 def grading_spec(env: Environment) -> GradingSpec:
-    """The environment's `grading` attribute (a GradingSpec), or the default spec."""
-    spec = getattr(env, "grading", None)
-    return spec if isinstance(spec, GradingSpec) else GradingSpec()
+    """The environment's declared `grading`, or the default spec where it declares None."""
+    return env.grading if env.grading is not None else GradingSpec()
 
 
 def grading_state(env: Environment, ground_truth: dict[str, Any]) -> dict[str, Any]:
@@ -115,366 +119,43 @@ def cached_grading_state(env: Environment, ground_truth: dict[str, Any]) -> dict
 
 def _derived(truth: dict[str, Any], key: tuple, compute):
     """`compute()`, remembered on a GradedTruth (computed each time on a plain dict)."""
-    memo = getattr(truth, "memo", None)
-    if memo is None:
+    if not isinstance(truth, GradedTruth):
         return compute()
-    if key not in memo:
-        memo[key] = compute()
-    return memo[key]
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
-
-
-def _is_position(x: Any) -> bool:
-    return isinstance(x, list | tuple) and len(x) > 0 and all(_is_number(v) for v in x)
-
-
-def state_items(state: dict[str, Any], spec: GradingSpec) -> list[Item]:
-    """The gradable items of a state dict (truth or claim), walls and other ignored types left out."""
-    items: list[Item] = []
-
-    def add(key: str, value: Any) -> None:
-        if key in spec.ignore or value is None:
-            return
-        if isinstance(value, dict):
-            for sub, v in value.items():
-                add(f"{key}.{normalize_key(str(sub))}", v)
-        elif _is_position(value):
-            items.append(Item(key, tuple(float(v) for v in value)))
-        elif isinstance(value, list | tuple):
-            for v in value:
-                add(key, v)
-        elif isinstance(value, str):
-            items.append(Item(key, value.strip().lower()))
-        elif isinstance(value, bool) or _is_number(value):
-            items.append(Item(key, value))
-
-    for key, value in state.items():
-        add(normalize_key(str(key)), value)
-    return items
-
-
-_KEY_SEPARATORS = re.compile(r"[\s-]+")
+    if key not in truth.memo:
+        truth.memo[key] = compute()
+    return truth.memo[key]
 
 
 def _truth_items(truth: dict[str, Any], spec: GradingSpec) -> list[Item]:
     return _derived(truth, ("items", spec.ignore), lambda: state_items(truth, spec))
 
 
-@functools.lru_cache(maxsize=4096)
-def normalize_key(key: str) -> str:
-    return _KEY_SEPARATORS.sub("_", key.strip().lower())
+def _truth_relations(truth: dict[str, Any], spec: GradingSpec) -> reading.TrueRelations:
+    return _derived(
+        truth,
+        ("relations", spec.anchor, spec.tolerance, spec.ignore),
+        lambda: reading.true_relations(truth, spec),
+    )
 
 
-# ---- matching ------------------------------------------------------------------
-
-
-def item_credit(claim: Value, truth: Value, tolerance: float) -> float:
-    """Credit in [0, 1] for `claim` standing for `truth` (same object type)."""
-    if isinstance(claim, tuple) and isinstance(truth, tuple):
-        if len(claim) != len(truth):
-            return 0.0
-        close = sum(abs(a - b) <= tolerance + 1e-9 for a, b in zip(claim, truth, strict=True))
-        return close / len(truth)
-    if isinstance(claim, str) or isinstance(truth, str):
-        return float(str(claim).lower() == str(truth).lower())
-    if isinstance(claim, bool) or isinstance(truth, bool):
-        return float(claim == truth)
-    return float(abs(float(claim) - float(truth)) <= tolerance + 1e-9)
-
-
-def matched_credit(claims: list[Any], truths: list[Any], credit) -> float:
-    """The largest total credit of a one-to-one matching (Hungarian algorithm)."""
-    if not claims or not truths:
-        return 0.0
-    if len(claims) == 1:  # a one-row assignment: the best single pair
-        return float(max(credit(claims[0], t) for t in truths))
-    if len(truths) == 1:
-        return float(max(credit(c, truths[0]) for c in claims))
-    matrix = np.array([[credit(c, t) for t in truths] for c in claims])
-    rows, cols = linear_sum_assignment(matrix, maximize=True)
-    return float(matrix[rows, cols].sum())
-
-
-def f1(credit: float, n_claims: int, n_truth: int) -> float:
-    """F1 from a total matched credit; nothing claimed about an empty truth is perfect."""
-    if n_claims == 0 and n_truth == 0:
-        return 1.0
-    return 2.0 * credit / (n_claims + n_truth)
-
-
-def score_items(claims: list[Item], truth: list[Item], spec: GradingSpec) -> float:
-    """F1 of claimed items against true items, matched per key."""
-    total = 0.0
-    for key in {c.key for c in claims}:
-        mine = [c.value for c in claims if c.key == key]
-        theirs = [t.value for t in truth if t.key == key]
-        total += matched_credit(mine, theirs, lambda a, b: item_credit(a, b, spec.tolerance))
-    return f1(total, len(claims), len(truth))
-
-
-# ---- structured ----------------------------------------------------------------
-
-
-def parse_structured(text: str) -> dict[str, Any] | None:
-    """The first JSON object in `text` (lenient: fences, tuples, single quotes), or None."""
-    start = text.find("{")
-    end = text.rfind("}")
-    if start < 0 or end < start:
-        return None
-    body = text[start : end + 1]
-    candidates = [body, re.sub(r"\(([^()]*)\)", r"[\1]", body)]
-    for candidate in candidates:
-        for loads in (json.loads, ast.literal_eval):
-            try:
-                value = loads(candidate)
-            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-                continue
-            if isinstance(value, dict):
-                return value
-    return None
-
-
-def _canonical_keys(claimed: dict[str, Any], known: Iterable[str]) -> dict[str, Any]:
-    """Map claimed keys onto known keys ('Boxes' -> 'box'); unknown keys are kept as they are."""
-    known = set(known)
-    out: dict[str, Any] = {}
-    for key, value in claimed.items():
-        k = normalize_key(str(key))
-        for candidate in (k, k.removesuffix("es"), k.removesuffix("s")):
-            if candidate in known:
-                k = candidate
-                break
-        if k in out:  # two spellings of one key: keep both claims
-            out[k] = _as_list(out[k]) + _as_list(value)
-        else:
-            out[k] = value
-    return out
-
-
-def _as_list(value: Any) -> list[Any]:
-    if _is_position(value) or not isinstance(value, list | tuple):
-        return [value]
-    return list(value)
+# ---- the readers, with what they derive from the truth cached on a GradedTruth -----
 
 
 def grade_structured(text: str, truth: dict[str, Any], spec: GradingSpec) -> float:
-    claimed = parse_structured(text)
-    truth_items = _truth_items(truth, spec)
-    if claimed is None:
-        return 0.0
-    claimed = _canonical_keys(claimed, truth.keys())
-    return score_items(state_items(claimed, spec), truth_items, spec)
-
-
-# ---- symbolic ------------------------------------------------------------------
-
-
-def parse_symbolic(text: str, spec: GradingSpec) -> dict[str, list[list[int]]]:
-    """Object positions read from the longest block of grid lines in `text`."""
-    rows = _grid_rows(text, spec)
-    found: dict[str, list[list[int]]] = {}
-    for r, row in enumerate(rows):
-        for c, symbol in enumerate(row):
-            for obj in spec.symbols.get(symbol, ()):
-                found.setdefault(obj, []).append([r, c])
-    return found
-
-
-def _grid_rows(text: str, spec: GradingSpec) -> list[list[str]]:
-    symbols = spec.symbols
-    single = all(len(s) == 1 for s in symbols)
-    best: list[list[str]] = []
-    run: list[list[str]] = []
-    for line in text.splitlines() + [""]:
-        line = line.strip().strip("`")
-        cells = [ch for ch in line if ch != " " or " " in symbols] if single else line.split()
-        known = sum(cell in symbols for cell in cells)
-        if cells and known / len(cells) >= 0.8:
-            run.append(cells)
-            continue
-        if len(run) > len(best):
-            best = run
-        run = []
-    return best
+    return reading.grade_structured(text, truth, spec, _truth_items(truth, spec))
 
 
 def grade_symbolic(text: str, truth: dict[str, Any], spec: GradingSpec) -> float:
-    if not spec.symbols:
-        raise ValueError("this environment has no symbolic representation (GradingSpec.symbols)")
-    claimed = parse_symbolic(text, spec)
-    return score_items(state_items(claimed, spec), _truth_items(truth, spec), spec)
-
-
-# ---- natural -------------------------------------------------------------------
-
-_WORDS = {
-    VERTICAL[0]: r"up|upward|upwards|above|upper|top|north|higher",
-    VERTICAL[1]: r"down|downward|downwards|below|beneath|under|underneath|lower|bottom|south",
-    HORIZONTAL[0]: r"left|west",
-    HORIZONTAL[1]: r"right|east",
-    SAME_ROW: r"same row|same horizontal line|horizontally aligned",
-    SAME_COLUMN: r"same column|same vertical line|vertically aligned",
-    "same": r"same (?:position|cell|square|spot|location|place|tile)",
-}
-_WORD_RE = {k: re.compile(rf"\b(?:{v})\b", re.IGNORECASE) for k, v in _WORDS.items()}
-_ANCHOR_ALIASES = r"i|me|my|myself|you|your|yourself|agent"
-_REF_BEFORE = re.compile(
-    r"(?:\bof|\bfrom|\bto|\bthan|\bwith|\bbeside|\bnear)\s+(?:the\s+|a\s+|an\s+)?$", re.I
-)
-_SENTENCES = re.compile(r"[.;!?\n]+")
-_CLAUSES = re.compile(
-    r",?\s*\b(?:and|while|whereas|but)\s+(?=(?:the|a|an|my|i|there|one|another)\b)"
-    r"|,\s*(?=(?:the|a|an|my|i|there|one|another)\b)",
-    re.IGNORECASE,
-)
-
-
-def relation(
-    anchor: tuple[float, ...], pos: tuple[float, ...], tolerance: float
-) -> tuple[str, str]:
-    """(vertical, horizontal) of `pos` seen from `anchor`, as `core.spatial.grid_relation`,
-    with differences within `tolerance` counting as the same row/column."""
-    dr, dc = pos[0] - anchor[0], pos[1] - anchor[1]
-    vertical = SAME_ROW if abs(dr) <= tolerance else (VERTICAL[0] if dr < 0 else VERTICAL[1])
-    horizontal = (
-        SAME_COLUMN if abs(dc) <= tolerance else (HORIZONTAL[0] if dc < 0 else HORIZONTAL[1])
-    )
-    return vertical, horizontal
-
-
-def _flip(word: str | None) -> str | None:
-    pairs = {VERTICAL[0]: VERTICAL[1], VERTICAL[1]: VERTICAL[0]}
-    pairs |= {HORIZONTAL[0]: HORIZONTAL[1], HORIZONTAL[1]: HORIZONTAL[0]}
-    return pairs.get(word, word) if word is not None else None
-
-
-def _axis(clause: str, a: str, b: str, same: str) -> tuple[str | None, bool]:
-    """The clause's word for one axis, and whether it said anything about it."""
-    said = {w for w in (a, b, same) if _WORD_RE[w].search(clause)}
-    if not said:
-        return same, False  # not mentioned: the same row/column ("directly below")
-    if len(said) > 1:
-        return None, True  # contradicts itself
-    return said.pop(), True
-
-
-def parse_natural(text: str, object_types: Iterable[str], spec: GradingSpec) -> list[Relation]:
-    """Relation claims in `text` about the given object types (and the anchor)."""
-    types = sorted({t for t in object_types if t not in spec.ignore and "." not in t}, key=len)
-    names, mention = _mention_pattern(tuple(types))
-    ignored = _ignored_pattern(tuple(spec.ignore))
-    claims: list[Relation] = []
-    for sentence in _SENTENCES.split(text):
-        for clause in _CLAUSES.split(sentence):
-            if ignored is not None and ignored.search(clause):
-                continue  # walls etc. are not graded
-            subjects, refs = [], []
-            for m in mention.finditer(clause):
-                kind = m.lastgroup  # the one named alternative that matched
-                obj = spec.anchor if kind == "anchor" else names[int(kind[1:])][0]
-                (refs if _REF_BEFORE.search(clause[: m.start()]) else subjects).append(obj)
-            if not subjects:
-                continue  # no spatial claim here
-            vertical, said_v = _axis(clause, VERTICAL[0], VERTICAL[1], SAME_ROW)
-            horizontal, said_h = _axis(clause, HORIZONTAL[0], HORIZONTAL[1], SAME_COLUMN)
-            if _WORD_RE["same"].search(clause):
-                vertical, horizontal, said_v = SAME_ROW, SAME_COLUMN, True
-            if not (said_v or said_h) or not subjects:
-                continue  # no spatial claim here
-            ref = refs[0] if refs else spec.anchor
-            for subject in dict.fromkeys(subjects):
-                if subject == ref:
-                    continue
-                if subject == spec.anchor:  # "I am above the box" -> the box is below me
-                    claims.append(Relation(ref, spec.anchor, _flip(vertical), _flip(horizontal)))
-                else:
-                    claims.append(Relation(subject, ref, vertical, horizontal))
-    return claims
-
-
-@functools.lru_cache(maxsize=256)
-def _mention_pattern(types: tuple[str, ...]) -> tuple[list[tuple[str, str]], re.Pattern[str]]:
-    """(type, name) pairs, longest names first, and the regex finding their mentions."""
-    names = [(t, t.replace("_", " ")) for t in reversed(types)]  # longest names first
-    mention = re.compile(
-        r"\b(?:"
-        + "|".join(f"(?P<t{i}>{re.escape(n)}(?:e?s)?)" for i, (_, n) in enumerate(names))
-        + (f"|(?P<anchor>{_ANCHOR_ALIASES})" if names else f"(?P<anchor>{_ANCHOR_ALIASES})")
-        + r")\b",
-        re.IGNORECASE,
-    )
-    return names, mention
-
-
-@functools.lru_cache(maxsize=256)
-def _ignored_pattern(ignore: tuple[str, ...]) -> re.Pattern[str] | None:
-    if not ignore:
-        return None
-    return re.compile(
-        r"\b(?:" + "|".join(re.escape(t.replace("_", " ")) for t in ignore) + r")s?\b", re.I
-    )
-
-
-def _relation_credit(claim: Relation, truth: tuple[str, str]) -> float:
-    return 0.5 * (claim.vertical == truth[0]) + 0.5 * (claim.horizontal == truth[1])
-
-
-def _true_relations(truth: dict[str, Any], spec: GradingSpec):
-    """Positions per object type, relations to the anchor per type, and their count."""
-    positions: dict[str, list[tuple[float, ...]]] = {}
-    for item in state_items(truth, spec):
-        if isinstance(item.value, tuple):
-            positions.setdefault(item.key, []).append(item.value)
-    if spec.anchor not in positions:
-        raise ValueError(f"the truth has no position for the anchor {spec.anchor!r}")
-    anchor = positions[spec.anchor][0]
-    true_rel = {
-        key: [relation(anchor, p, spec.tolerance) for p in ps]
-        for key, ps in positions.items()
-        if key != spec.anchor
-    }
-    n_truth = sum(len(v) for v in true_rel.values())
-    return positions, true_rel, n_truth
+    return reading.grade_symbolic(text, truth, spec, _truth_items(truth, spec))
 
 
 def score_relations(claims: list[Relation], truth: dict[str, Any], spec: GradingSpec) -> float:
     """F1 of relation claims against the true relations of every object to the anchor."""
-    positions, true_rel, n_truth = _derived(
-        truth,
-        ("relations", spec.anchor, spec.tolerance, spec.ignore),
-        lambda: _true_relations(truth, spec),
-    )
-
-    matched = 0.0
-    anchored = [c for c in claims if c.ref == spec.anchor]
-    for subject in {c.subject for c in anchored}:
-        mine = [c for c in anchored if c.subject == subject]
-        matched += matched_credit(mine, true_rel.get(subject, []), _relation_credit)
-    pair_credit = 0.0
-    for claim in claims:
-        if claim.ref == spec.anchor:
-            continue
-        options = [
-            relation(r, s, spec.tolerance)
-            for s in positions.get(claim.subject, [])
-            for r in positions.get(claim.ref, [])
-        ]
-        pair_credit += max((_relation_credit(claim, o) for o in options), default=0.0)
-
-    if not claims:
-        return 1.0 if n_truth == 0 else 0.0
-    precision = (matched + pair_credit) / len(claims)
-    recall = matched / n_truth if n_truth else 1.0
-    return 0.0 if precision + recall == 0 else 2 * precision * recall / (precision + recall)
+    return reading.score_relations(claims, truth, spec, _truth_relations(truth, spec))
 
 
 def grade_natural(text: str, truth: dict[str, Any], spec: GradingSpec) -> float:
-    types = set(truth) | {t for ts in spec.symbols.values() for t in ts} | {spec.anchor}
-    types = {normalize_key(t) for t in types}
-    return score_relations(parse_natural(text, types, spec), truth, spec)
+    return reading.grade_natural(text, truth, spec, _truth_relations(truth, spec))
 
 
 # ---- entry points ----------------------------------------------------------------
@@ -495,15 +176,18 @@ def grade(
 def grade_for_env(
     env: Environment, text: str, truth: dict[str, Any], representation: Representation | str
 ) -> float:
-    """`grade` with the environment's own grader when it has one."""
-    custom = getattr(env, "grade_description", None)
-    if callable(custom):
-        score = float(custom(text, truth, Representation(representation)))
-        if not 0.0 <= score <= 1.0:
-            raise ValueError(
-                f"{env.name}.grade_description returned {score}, not a score in [0, 1]"
-            )
-        return score
+    """`grade` with the environment's own grader where it has one (`grade_description`
+    answering None hands the text to `grade`)."""
+    representation = Representation(representation)
+    if env.grades_descriptions:
+        custom = env.grade_description(text, truth, representation)
+        if custom is not None:
+            score = float(custom)
+            if not 0.0 <= score <= 1.0:
+                raise ValueError(
+                    f"{env.name}.grade_description returned {score}, not a score in [0, 1]"
+                )
+            return score
     return grade(text, truth, grading_spec(env), representation)
 
 
@@ -517,7 +201,7 @@ def check_representation(env: Environment, representation: Representation | str)
         raise EnvError(
             f"unknown representation {representation!r}; use one of {names}",
         ) from None
-    if callable(getattr(env, "grade_description", None)):
+    if env.grades_descriptions:
         return
     if representation is Representation.SYMBOLIC and not grading_spec(env).symbols:
         raise EnvError(

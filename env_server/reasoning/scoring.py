@@ -94,9 +94,7 @@ def score_turn(
         info["refused_actions"] = list(transition.invalid_actions)
     obs_score = pred_score = None
     # a custom grader gets a truth of its own; ours share one per state (read-only)
-    truth_of = (
-        grading_state if callable(getattr(env, "grade_description", None)) else cached_grading_state
-    )
+    truth_of = grading_state if env.grades_descriptions else cached_grading_state
     if parsed.format_ok:
         try:
             if parsed.observation is not None:

@@ -24,8 +24,8 @@ from env_server.envs.navigation.miniworld_backend import (
     MiniWorldBackend,
     ObjectSpec,
     RoomSpec,
-    _size,
 )
+from env_server.envs.navigation.render import entity_size as _size
 from env_server.envs.navigation.tasks import TASK_SETS, NavTask, load_task_file
 
 SMALL = 64  # image side for tests that do not look at pixels closely

@@ -107,7 +107,7 @@ def test_invalid_primitives_are_reported_not_raised(envs):
     assert tr.actions_executed == 0
     assert "pick takes 3 numbers" in tr.invalid_actions[0]
     assert "unknown primitive" in tr.invalid_actions[1]
-    assert "only 2 actions" in tr.invalid_actions[2]
+    assert "over the limit of 2 actions per turn" in tr.invalid_actions[2]
     tr = env.step([Action("pick", (float("nan"), 0, 0))])
     assert "finite" in tr.invalid_actions[0]
     after = env.ground_truth()["objects"]

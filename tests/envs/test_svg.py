@@ -19,7 +19,7 @@ from env_server.core import (
     registry,
 )
 from env_server.envs.svg import SvgConfig, SvgEnv, data
-from env_server.envs.svg.render import InvalidSvg, Limits, check_svg, render_svg, renderer
+from env_server.envs.svg.rasterize import InvalidSvg, Limits, check_svg, render_svg, renderer
 from env_server.envs.svg.score import OfflineScorer
 
 SVG = '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 72 72">{}</svg>'
@@ -342,7 +342,7 @@ def test_malformed_actions_are_reported(env: SvgEnv) -> None:
     env.reset(3)
     tr = env.step(svg_action(CRUDE_GRIN) + svg_action(WRONG))
     assert tr.actions_executed == 1 and len(tr.invalid_actions) == 1
-    assert "only one SVG document" in tr.invalid_actions[0]
+    assert "over the limit of 1 actions per turn" in tr.invalid_actions[0]
 
 
 def test_huge_width_and_height_are_clamped_to_the_canvas(env: SvgEnv) -> None:

@@ -143,7 +143,7 @@ def test_empty_and_extra_answers_are_reported() -> None:
     env.reset(1)
     span = env.ground_truth()["span"]
     tr = env.step([Action("span", payload=span), Action("span", payload="x")])
-    assert tr.success and "only one span" in tr.invalid_actions[0]
+    assert tr.success and tr.invalid_actions == ["span: over the limit of 1 actions per turn"]
 
 
 @pytest.mark.parametrize("fmt", list(ResponseFormat))
@@ -302,7 +302,7 @@ def test_a_real_server_over_rest_grpc_and_visenv_eval(start_visenv_server, tmp_p
 
     def run_eval(url: str, out: Path, *extra: str) -> list[dict]:
         proc = subprocess.run(
-            [sys.executable, "-m", "visenv.cli", "eval", "--server", server.grpc,
+            [sys.executable, "-m", "visenv_cli", "eval", "--server", server.grpc,
              "--endpoint", f"{url}/v1", "--model", "fixed", "--env", "vicrit",
              "--episodes", "2", "--format", "no_think", "--out", str(out), *extra],
             cwd=ROOT, capture_output=True, text=True, timeout=120,

@@ -179,15 +179,15 @@ class Beacon(Environment):
     name = "beacon"
     grading = GradingSpec(anchor="agent", tolerance=0.5, ignore=())
 
-    @property
-    def action_space(self):
+    @classmethod
+    def action_space_for(cls, config):
         return ActionSpace(ActionKind.CALL, ("go",), max_per_turn=1, arity={"go": 1})
 
-    def reset(self, seed):
+    def _reset(self, seed):
         self.x = float(seed % 7)
         return Observation("beacon", [], self.ground_truth())
 
-    def step(self, actions):
+    def _apply(self, actions):
         self.x -= actions[0].args[0]
         return Transition(
             Observation("beacon", [], self.ground_truth()), 0.0, False, False, False, 1
@@ -202,7 +202,7 @@ class Beacon(Environment):
     def system_prompt(self, format):
         return "Walk to the beacon."
 
-    def oracle_actions(self):
+    def _oracle(self):
         return [Action("go", (self.x,))]
 
 
@@ -251,6 +251,19 @@ def test_an_env_can_bring_its_own_grader():
     assert grade_for_env(env, "The beacon is ahead of me.", truth, R.NATURAL) == 1.0
     assert grade_for_env(env, "It is behind me.", truth, R.NATURAL) == 0.0
     check_representation(env, R.SYMBOLIC)  # its own grader decides
+    assert env.grades_descriptions and not Beacon().grades_descriptions
+
+
+def test_a_grader_answering_none_hands_the_text_to_the_generic_one():
+    class Partly(Beacon):
+        def grade_description(self, text, truth, representation):
+            return None if representation is R.STRUCTURED else 0.25
+
+    env = Partly()
+    env.reset(seed=3)
+    truth = grading_state(env, env.ground_truth())
+    assert grade_for_env(env, '{"beacon": [3.3, 0]}', truth, R.STRUCTURED) == 1.0  # tolerance
+    assert grade_for_env(env, "anything", truth, R.NATURAL) == 0.25
 
 
 def test_guard_score_of_a_turn():

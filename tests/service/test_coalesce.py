@@ -7,17 +7,15 @@ and one end-to-end check through a real `visenv serve` over REST and gRPC.
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
 
 from env_server.service import EnvService, ServiceError, SessionReply, Settings
+from env_server.testing import TinyEnv
 
-sys.path.insert(0, str(Path(__file__).parent))  # tiny_env, also for the worker processes
-
-TINY = {"tiny": "tiny_env:TinyEnv"}
+# the test environment, by the import path the worker processes load it from
+TINY = {TinyEnv.name: "env_server.testing:TinyEnv"}
 
 
 def step(session_id: str, index: int, *names: str) -> dict:
@@ -162,7 +160,7 @@ def test_end_to_end_concurrent_single_steps(start_visenv_server):
             ids = [r.session_id for r in await client.create(options[:16])]
             requests, messages = counts()
             if transport == "http":
-                singles = client.step_one_by_one(ids, [text] * len(ids))
+                singles = rest_single_steps(server.url, ids, text)
             else:
                 singles = asyncio.gather(*(client.step([sid], [text]) for sid in ids))
             created, out = await asyncio.gather(client.create(options[16:]), singles)
@@ -177,3 +175,19 @@ def test_end_to_end_concurrent_single_steps(start_visenv_server):
 
     for transport in ("http", "grpc"):
         asyncio.run(main(transport))
+
+
+async def rest_single_steps(url: str, ids: list[str], text: str) -> list:
+    """The first step of each session, each its own POST /v1/sessions/{id}/step, all at once."""
+    from clients.types import SessionReply as ClientReply
+
+    async with httpx.AsyncClient(timeout=60) as http:
+
+        async def one(sid: str) -> ClientReply:
+            resp = await http.post(
+                f"{url}/v1/sessions/{sid}/step", json={"step_index": 0, "response": text}
+            )
+            assert resp.status_code == 200, resp.text
+            return ClientReply.from_json(resp.json())
+
+        return list(await asyncio.gather(*(one(sid) for sid in ids)))

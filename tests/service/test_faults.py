@@ -1,6 +1,6 @@
 """Server behaviour on faults, against a real `visenv serve`, over REST and gRPC.
 
-The `tiny` test environment (tests/service/tiny_env.py) produces on demand what real
+The `tiny` test environment (`env_server.testing.TinyEnv`) produces on demand what real
 environments must never do: `Hang` never returns, seed 666 makes reset raise, seed 667
 puts an object no JSON can hold into the ground truth.
 """

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,10 +10,7 @@ import pytest
 
 from env_server.service import EnvService, ServiceError, SessionReply, Settings
 from env_server.service.images import decode_image
-
-sys.path.insert(0, str(Path(__file__).parent))  # tiny_env and this module, also for workers
-
-from tiny_env import TinyEnv  # noqa: E402
+from env_server.testing import TinyEnv
 
 
 class NoSnapshotEnv(TinyEnv):
@@ -27,7 +22,9 @@ class NoSnapshotEnv(TinyEnv):
         raise NotImplementedError
 
 
-PATHS = {"tiny": "tiny_env:TinyEnv", "nosnap": "test_fork:NoSnapshotEnv"}
+# the worker processes import the environments by these paths (the repository root is on
+# their sys.path, as on pytest's: pyproject's `pythonpath`)
+PATHS = {"tiny": "env_server.testing:TinyEnv", "nosnap": "tests.service.test_fork:NoSnapshotEnv"}
 REAL = ["sokoban", "frozenlake", "svg", "vicrit", "navigation", "primitive_skill"]
 # vicrit under unary feedback: a wrong answer keeps the episode going (and a repeat is
 # penalised: the attempts so far are part of the forked state)

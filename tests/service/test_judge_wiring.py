@@ -7,8 +7,6 @@ served here by uvicorn on 127.0.0.1: it always says YES (or fails, for model "do
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
 from fastapi import FastAPI, Request
@@ -17,8 +15,6 @@ from fastapi.responses import JSONResponse
 from env_server.service import EnvService, SessionReply, Settings
 from env_server.service.models import ServiceError
 from tests.conftest import serve_app
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 WRONG = (
     "<think><observation>The box is above the player.</observation><reasoning>r</reasoning>"

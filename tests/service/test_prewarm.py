@@ -4,12 +4,8 @@ a create that did pay an environment's warm-up says so (info.warm_up_s)."""
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 from env_server.service import EnvService, SessionReply, Settings
-
-sys.path.insert(0, str(Path(__file__).parent))  # tiny_env, also for the worker processes
 
 
 def test_prewarmed_env_creates_cold_and_the_other_says_it_paid():
@@ -17,7 +13,7 @@ def test_prewarmed_env_creates_cold_and_the_other_says_it_paid():
         settings = Settings(
             workers=1,
             envs=["tiny", "sokoban"],
-            env_paths={"tiny": "tiny_env:TinyEnv"},
+            env_paths={"tiny": "env_server.testing:TinyEnv"},
             prewarm=["tiny", "frozenlake"],  # frozenlake: not enabled here, so not warmed
         )
         service = EnvService(settings)

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
 
 from env_server.service import EnvService, ServiceError, SessionReply, Settings
 from env_server.service.images import decode_image
+from env_server.testing import TinyEnv
 
-sys.path.insert(0, str(Path(__file__).parent))  # tiny_env, also for the worker processes
-
-TINY = {"tiny": "tiny_env:TinyEnv"}
+# the test environment, by the import path the worker processes load it from
+TINY = {TinyEnv.name: "env_server.testing:TinyEnv"}
 
 
 class Loop:

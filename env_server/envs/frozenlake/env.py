@@ -1,29 +1,24 @@
 """FrozenLake: walk across the ice to the goal without falling into a hole.
 
-Runs on gymnasium's `FrozenLake-v1` (not slippery) for the rules and the pictures. The
-map is drawn from the seed at every reset (`generate_map`): holes, and a start and a
-goal at random cells (as VAGEN does), redrawn until a safe path joins them, so a
-policy has to read the map (gymnasium's generator always starts at the top-left and
-ends at the bottom-right, where one blind plan solves a third of the levels).
+Runs on gymnasium's `FrozenLake-v1` (not slippery) for the rules and the pictures
+(`render.py`). The map is drawn from the seed at every reset (`generate_map`): holes,
+and a start and a goal at random cells (as VAGEN does), redrawn until a safe path joins
+them (the oracle's search, `oracle.py`), so a policy has to read the map (gymnasium's
+generator always starts at the top-left and ends at the bottom-right, where one blind
+plan solves a third of the levels). Text symbols and grading: `grading.py`.
 """
 
 from __future__ import annotations
 
+import copy
 import json
-import os
-from collections import deque
 from typing import Any, ClassVar, Literal
 
-# pygame must find a display driver it can open headless before it is first imported
-os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+import numpy as np
+from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake
+from pydantic import Field
 
-import numpy as np  # noqa: E402
-from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake  # noqa: E402
-from PIL import Image  # noqa: E402
-from pydantic import Field  # noqa: E402
-
-from env_server.core import (  # noqa: E402
+from env_server.core import (
     Action,
     ActionKind,
     ActionSpace,
@@ -35,7 +30,20 @@ from env_server.core import (  # noqa: E402
     ResponseFormat,
     Transition,
 )
-from env_server.core.spatial import GradingSpec, grid_relation, grid_sentence  # noqa: E402
+from env_server.core.spatial import GradingSpec, grid_relation, grid_sentence
+
+from . import render
+from .grading import (
+    FROZEN,
+    GOAL,
+    GRADING,
+    HOLE,
+    PLAYER,
+    PLAYER_IN_HOLE,
+    PLAYER_ON_GOAL,
+    symbolic,
+)
+from .oracle import shortest_path
 
 # canonical names in gymnasium's action order (0 Left, 1 Down, 2 Right, 3 Up)
 ACTIONS: tuple[str, ...] = ("Left", "Down", "Right", "Up")
@@ -50,17 +58,6 @@ TEXT_AS = {
     "symbolic": "a grid of symbols",
     "natural": "one sentence per object, saying where it is from you",
     "structured": "JSON of [row, column] positions",
-}
-
-# text symbols (VAGEN's): one character per cell
-FROZEN, HOLE, GOAL, PLAYER, PLAYER_IN_HOLE, PLAYER_ON_GOAL = "_", "O", "G", "P", "X", "√"
-SYMBOLS: dict[str, tuple[str, ...]] = {
-    FROZEN: (),
-    HOLE: ("hole",),
-    GOAL: ("goal",),
-    PLAYER: ("player",),
-    PLAYER_IN_HOLE: ("player", "hole"),
-    PLAYER_ON_GOAL: ("player", "goal"),
 }
 
 
@@ -100,36 +97,27 @@ class FrozenLakeEnv(Environment):
     description: ClassVar[str] = (
         "FrozenLake (gymnasium, not slippery) on a seeded map: walk to the goal, avoid the holes."
     )
-    grading: ClassVar[GradingSpec] = GradingSpec(anchor="player", symbols=SYMBOLS)
+    grading: ClassVar[GradingSpec] = GRADING
 
     config: FrozenLakeConfig
 
     def __init__(self, config: FrozenLakeConfig | None = None) -> None:
         super().__init__(config)
-        self._action_space = ActionSpace(
-            kind=ActionKind.DISCRETE,
-            names=ACTIONS,
-            max_per_turn=self.config.max_actions_per_turn,
-            description="Left, Down, Right, Up: move one cell; the edge of the lake blocks.",
-        )
         self._gym: GymFrozenLake | None = None
         self._desc: tuple[str, ...] = ()
-        self._turn = 0
-        self._done = True
 
-    @property
-    def action_space(self) -> ActionSpace:
-        return self._action_space
+    @classmethod
+    def action_space_for(cls, config: FrozenLakeConfig) -> ActionSpace:
+        return ActionSpace(
+            kind=ActionKind.DISCRETE,
+            names=ACTIONS,
+            max_per_turn=config.max_actions_per_turn,
+            description="Left, Down, Right, Up: move one cell; the edge of the lake blocks.",
+        )
 
     # ---- episode --------------------------------------------------------
-    def reset(self, seed: int) -> Observation:
-        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-            raise EnvError(f"seed must be a non-negative integer, got {seed!r}")
-        seed = int(seed)
-        desc = generate_map(self.config.size, self.config.p, seed)
-        self._load(desc, seed)
-        self._turn = 0
-        self._done = False
+    def _reset(self, seed: int) -> Observation:
+        self._load(generate_map(self.config.size, self.config.p, seed), seed)
         return self._observation()
 
     def _load(self, desc: tuple[str, ...], seed: int) -> None:
@@ -139,26 +127,15 @@ class FrozenLakeEnv(Environment):
         self._gym = GymFrozenLake(desc=list(desc), is_slippery=False, render_mode="rgb_array")
         self._gym.reset(seed=seed)
 
-    def step(self, actions: list[Action]) -> Transition:
+    def _apply(self, actions: list[Action]) -> Transition:
         gym = self._require_gym()
-        if self._done:
-            raise EnvError(
-                "the episode has ended (goal, hole or out of turns); reset it to play again",
-                code="FAILED_PRECONDITION",
-            )
         cfg = self.config
-        self._turn += 1
         reward, executed = 0.0, 0
         details: list[dict[str, Any]] = []
         invalid: list[str] = []
         skipped: list[str] = []
-        for index, action in enumerate(actions):
-            name = self._action_space.lookup(action.name)
-            if index >= cfg.max_actions_per_turn:
-                invalid.append(
-                    f"{action.name}: over the limit of {cfg.max_actions_per_turn} actions per turn"
-                )
-                continue
+        for action in actions:
+            name = self.action_space.lookup(action.name)
             if name is None:
                 invalid.append(f"{action.name}: unknown action; use one of {', '.join(ACTIONS)}")
                 continue
@@ -182,16 +159,12 @@ class FrozenLakeEnv(Environment):
             details.append(detail)
 
         tile = self._tile()
-        terminated = tile in "GH"
-        success = tile == "G"
-        truncated = not terminated and self._turn >= cfg.max_turns
-        self._done = terminated or truncated
         return Transition(
             observation=self._observation(),
             reward=reward,
-            terminated=terminated,
-            truncated=truncated,
-            success=success,
+            terminated=tile in "GH",
+            truncated=False,
+            success=tile == "G",
             actions_executed=executed,
             invalid_actions=invalid,
             info={"actions": details, "skipped_actions": skipped},
@@ -200,39 +173,27 @@ class FrozenLakeEnv(Environment):
     def close(self) -> None:
         # see _load: gymnasium's close() would quit pygame for every session in the process
         self._gym = None
-        self._done = True
 
     # ---- snapshot (gymnasium's pygame surfaces can't be deep-copied) ------
     def snapshot(self) -> dict[str, Any]:
         gym = self._require_gym()
-        return {
-            "desc": self._desc,
-            "s": int(gym.s),
-            "lastaction": gym.lastaction,
-            "turn": self._turn,
-            "done": self._done,
-        }
+        state = {k: v for k, v in self.__dict__.items() if k != "_gym"}
+        return {"state": copy.deepcopy(state), "s": int(gym.s), "lastaction": gym.lastaction}
 
     def restore(self, snapshot: dict[str, Any]) -> None:
-        desc = tuple(snapshot["desc"])
+        state = copy.deepcopy(snapshot["state"])
+        desc = tuple(state["_desc"])
         if self._gym is None or desc != self._desc:
             self._load(desc, seed=0)
+        self.__dict__.update(state)
         gym = self._require_gym()
         gym.s = snapshot["s"]
         gym.lastaction = snapshot["lastaction"]
-        self._turn = snapshot["turn"]
-        self._done = snapshot["done"]
 
     # ---- observation ----------------------------------------------------
     def render(self) -> np.ndarray:
         """The current frame from gymnasium's renderer (resized if the config asks)."""
-        frame = self._require_gym().render()
-        side = self.config.image_size
-        if side is not None and frame.shape[:2] != (side, side):
-            frame = np.asarray(
-                Image.fromarray(frame).resize((side, side), Image.Resampling.LANCZOS)
-            )
-        return frame
+        return render.frame(self._require_gym(), self.config.image_size)
 
     def _observation(self) -> Observation:
         if self.config.render_mode == "text":
@@ -244,7 +205,7 @@ class FrozenLakeEnv(Environment):
             text=text,
             images=images,
             ground_truth=self.ground_truth(),
-            info={"turn": self._turn, "max_turns": self.config.max_turns},
+            info={"turn": self.turn, "max_turns": self.config.max_turns},
         )
 
     def ground_truth(self) -> dict[str, Any]:
@@ -276,7 +237,7 @@ class FrozenLakeEnv(Environment):
                     [grid_sentence("goal", "player", player, goal)]
                     + [grid_sentence("hole", "player", player, h) for h in holes]
                 )
-            return _symbolic(state["grid_size"], player, goal, holes)
+            return symbolic(state["grid_size"], player, goal, holes)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise EnvError(f"describe(): not a FrozenLake ground-truth state ({exc!r})") from exc
 
@@ -305,16 +266,9 @@ class FrozenLakeEnv(Environment):
         )
 
     # ---- oracle -----------------------------------------------------------
-    def oracle_actions(self) -> list[Action]:
-        """The next moves of a shortest safe path to the goal ([] once the episode ended)."""
-        self._require_gym()
-        if self._done:
-            return []
-        path = self._shortest_path()
-        return [Action(name) for name in path[: self.config.max_actions_per_turn]]
-
-    def _shortest_path(self) -> list[str]:
-        return shortest_path(self._desc, self._player())
+    def _oracle(self) -> list[Action]:
+        """The next moves of a shortest safe path to the goal."""
+        return [Action(name) for name in shortest_path(self._desc, self._player(), DELTAS)]
 
     # ---- helpers --------------------------------------------------------
     def _require_gym(self) -> GymFrozenLake:
@@ -335,33 +289,6 @@ class FrozenLakeEnv(Environment):
         ]
 
 
-def shortest_path(desc: tuple[str, ...], start: tuple[int, int]) -> list[str]:
-    """The moves of a shortest path from `start` to the goal that avoids the holes
-    (breadth-first search); [] when there is none or `start` is the goal."""
-    rows, cols = len(desc), len(desc[0])
-    parent: dict[tuple[int, int], tuple[tuple[int, int], str]] = {}
-    seen, frontier = {start}, deque([start])
-    while frontier:
-        cell = frontier.popleft()
-        if desc[cell[0]][cell[1]] == "G":
-            path: list[str] = []
-            while cell != start:
-                cell, name = parent[cell]
-                path.append(name)
-            return path[::-1]
-        for name in ACTIONS:
-            dr, dc = DELTAS[name]
-            nxt = (cell[0] + dr, cell[1] + dc)
-            if not (0 <= nxt[0] < rows and 0 <= nxt[1] < cols) or nxt in seen:
-                continue
-            if desc[nxt[0]][nxt[1]] == "H":
-                continue
-            seen.add(nxt)
-            parent[nxt] = (cell, name)
-            frontier.append(nxt)
-    return []
-
-
 def generate_map(size: int, p: float, seed: int) -> tuple[str, ...]:
     """A size x size map from `seed`: each cell frozen with probability `p`, else a hole;
     a start (S) and a goal (G) on two distinct random cells. Drawn again (from the same
@@ -374,23 +301,10 @@ def generate_map(size: int, p: float, seed: int) -> tuple[str, ...]:
         cells[divmod(int(start), size)] = "S"
         cells[divmod(int(goal), size)] = "G"
         desc = tuple("".join(row) for row in cells)
-        if shortest_path(desc, divmod(int(start), size)):
+        if shortest_path(desc, divmod(int(start), size), DELTAS):
             return desc
 
 
 def _relation(kind: str, player: list[int], pos: list[int]) -> dict[str, Any]:
     vertical, horizontal = grid_relation(player, pos)
     return {"object": kind, "position": list(pos), "vertical": vertical, "horizontal": horizontal}
-
-
-def _symbolic(
-    grid_size: list[int], player: list[int], goal: list[int], holes: list[list[int]]
-) -> str:
-    rows, cols = int(grid_size[0]), int(grid_size[1])
-    grid = [[FROZEN] * cols for _ in range(rows)]
-    for r, c in holes:
-        grid[r][c] = HOLE
-    grid[goal[0]][goal[1]] = GOAL
-    r, c = player
-    grid[r][c] = {HOLE: PLAYER_IN_HOLE, GOAL: PLAYER_ON_GOAL}.get(grid[r][c], PLAYER)
-    return "\n".join("".join(row) for row in grid)

@@ -23,7 +23,7 @@ import importlib
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -33,9 +33,6 @@ from . import planner
 from .backend import LOOK_DEGREES, ROTATE_DEGREES, STEP_METRES, Backend, BackendSettings
 from .geometry import ObjectState, Pose
 from .tasks import NavTask, load_task_file, parse_tasks, write_instruction
-
-if TYPE_CHECKING:
-    from .env import NavigationConfig
 
 EXECUTABLE_ENV = "VISENV_AI2THOR_EXECUTABLE"
 DOWNLOAD_ENV = "VISENV_AI2THOR_ALLOW_DOWNLOAD"
@@ -72,6 +69,21 @@ THOR_TARGETS: dict[str, tuple[str, str]] = {
 }
 
 
+class ThorOptions(Protocol):
+    """The AI2-THOR options of a session, read-only (NavigationConfig has them all)."""
+
+    @property
+    def task_set(self) -> str: ...
+    @property
+    def ai2thor_platform(self) -> str: ...
+    @property
+    def ai2thor_task_file(self) -> str | None: ...
+    @property
+    def ai2thor_tasks(self) -> dict[str, Any] | None: ...
+    @property
+    def ai2thor_scenes(self) -> list[str]: ...
+
+
 def thor_pose(position: dict[str, float], yaw: float, horizon: float) -> Pose:
     """A Pose from AI2-THOR's metadata (Unity: y up, yaw clockwise from +z seen from above)."""
     a = math.radians(yaw)
@@ -85,7 +97,7 @@ def thor_pose(position: dict[str, float], yaw: float, horizon: float) -> Pose:
     )
 
 
-def find_build(cfg: NavigationConfig) -> str | None:
+def find_build(cfg: ThorOptions) -> str | None:
     """The local executable to run, None to let ai2thor find its own build.
 
     Raises EnvError(UNAVAILABLE) right away when no build can be had.
@@ -132,7 +144,7 @@ def find_build(cfg: NavigationConfig) -> str | None:
     )
 
 
-def given_tasks(cfg: NavigationConfig) -> list[NavTask] | None:
+def given_tasks(cfg: ThorOptions) -> list[NavTask] | None:
     """Tasks from the config (inline, or a file in the server's task folder), else None."""
     if cfg.ai2thor_tasks is not None:
         return parse_tasks(cfg.ai2thor_tasks, "config ai2thor_tasks", cfg.task_set)
@@ -162,9 +174,10 @@ def given_tasks(cfg: NavigationConfig) -> list[NavTask] | None:
 
 
 class AI2ThorBackend(Backend):
-    def __init__(self, settings: BackendSettings, cfg: NavigationConfig) -> None:
+    def __init__(self, settings: BackendSettings, cfg: ThorOptions) -> None:
         self.settings = settings
         self.cfg = cfg
+        self.controller: Any = None
         self.file_tasks = given_tasks(cfg)
         executable = find_build(cfg)  # fails at once when there is no build
         controller_mod = importlib.import_module("ai2thor.controller")
@@ -351,7 +364,6 @@ class AI2ThorBackend(Backend):
         )
 
     def close(self) -> None:
-        controller = getattr(self, "controller", None)
-        if controller is not None:
-            controller.stop()
+        if self.controller is not None:
+            self.controller.stop()
             self.controller = None

@@ -1,7 +1,9 @@
 """The Navigation environment: reach a described object in first-person 3D rooms.
 
 Same actions, ground truth, rewards and prompts whatever the backend (MiniWorld by
-default, AI2-THOR where its Unity build is available).
+default, AI2-THOR where its Unity build is available). The expert is in `oracle.py`, the
+grading of state descriptions in `grading.py`, the first-person image in `render.py`
+(MiniWorld) and `ai2thor_backend.py`.
 
     env = NavigationEnv(NavigationEnv.Config(task_set="long_horizon"))
     obs = env.reset(seed=3)                  # obs.text holds the instruction and one <image>
@@ -15,7 +17,6 @@ import importlib.util
 from ctypes.util import find_library
 from typing import Any, ClassVar, Literal
 
-import numpy as np
 from pydantic import Field
 
 from env_server.core import (
@@ -29,12 +30,13 @@ from env_server.core import (
     Observation,
     Representation,
     ResponseFormat,
+    StatePrompt,
     Transition,
 )
-from env_server.core.env import StatePrompt
 from env_server.core.spatial import GradingSpec
 
-from . import geometry, grading
+from . import geometry, grading, oracle
+from .ai2thor_backend import AI2ThorBackend
 from .backend import ACTIONS, Backend, BackendSettings
 from .tasks import TASK_SETS, NavTask
 
@@ -104,7 +106,7 @@ class NavigationEnv(Environment):
         "First-person navigation in furnished multi-room interiors: reach the object the "
         "instruction describes (five task sets; MiniWorld, or AI2-THOR where available)."
     )
-    grading: ClassVar[GradingSpec] = GradingSpec(anchor="agent", tolerance=0.5, ignore=())
+    grading: ClassVar[GradingSpec] = grading.GRADING
 
     config: NavigationConfig
 
@@ -117,19 +119,8 @@ class NavigationEnv(Environment):
             success_distance=cfg.success_distance,
         )
         self.backend: Backend = _make_backend(cfg, settings)
-        self._action_space = ActionSpace(
-            kind=ActionKind.DISCRETE,
-            names=ACTIONS,
-            max_per_turn=cfg.max_actions_per_turn,
-            description=(
-                "moveahead/moveback/moveleft/moveright move 0.5 m without turning; "
-                "rotateleft/rotateright turn 90 degrees; lookup/lookdown tilt the camera 30 degrees."
-            ),
-        )
         self.task: NavTask | None = None
-        self.turn = 0
         self.actions_taken = 0
-        self.done = True
         self._gt: dict[str, Any] | None = None
 
     # ---- availability -------------------------------------------------------------------
@@ -145,44 +136,38 @@ class NavigationEnv(Environment):
             )
         return None
 
-    @property
-    def action_space(self) -> ActionSpace:
-        return self._action_space
+    @classmethod
+    def action_space_for(cls, config: EnvConfig) -> ActionSpace:
+        cfg = NavigationConfig.model_validate(config)  # the instance itself, not a copy
+        return ActionSpace(
+            kind=ActionKind.DISCRETE,
+            names=ACTIONS,
+            max_per_turn=cfg.max_actions_per_turn,
+            description=(
+                "moveahead/moveback/moveleft/moveright move 0.5 m without turning; "
+                "rotateleft/rotateright turn 90 degrees; lookup/lookdown tilt the camera 30 degrees."
+            ),
+        )
 
     # ---- episode ------------------------------------------------------------------------
-    def reset(self, seed: int) -> Observation:
-        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-            raise EnvError(f"seed must be a non-negative integer, got {seed!r}")
-        seed = int(seed)
+    def _reset(self, seed: int) -> Observation:
         cfg = self.config
         budget = min(cfg.max_actions_per_episode, cfg.max_turns * cfg.max_actions_per_turn)
-        self.task, self.done, self._gt = None, True, None  # a failed reset leaves no episode
+        self.task, self._gt = None, None  # a failed reset leaves no episode
         self.task = self.backend.sample_task(cfg.task_set, seed, budget)
         self.backend.reset(self.task)
-        self.turn = 0
         self.actions_taken = 0
-        self.done = False
         self._gt = None
         return self._observation(feedback="")
 
-    def step(self, actions: list[Action]) -> Transition:
-        if self.task is None:
-            raise EnvError("call reset before step", code="FAILED_PRECONDITION")
-        if self.done:
-            raise EnvError("the episode has ended; reset the session", code="FAILED_PRECONDITION")
+    def _apply(self, actions: list[Action]) -> Transition:
         cfg = self.config
-        self.turn += 1
         executed: list[str] = []
         blocked: list[str] = []
         invalid: list[str] = []
         success = False  # an episode that had succeeded would have ended
-        for index, action in enumerate(actions):
-            name = self._action_space.lookup(action.name)
-            if index >= cfg.max_actions_per_turn:
-                invalid.append(
-                    f"{action.name}: over the limit of {cfg.max_actions_per_turn} actions per turn"
-                )
-                continue
+        for action in actions:
+            name = self.action_space.lookup(action.name)
             if name is None:
                 invalid.append(f"{action.name}: unknown action (valid: {', '.join(ACTIONS)})")
                 break  # the rest of the turn was planned on top of it
@@ -196,11 +181,9 @@ class NavigationEnv(Environment):
                 blocked.append(name)
             success = self._success()
         terminated = success
-        truncated = not terminated and (
-            self.actions_taken >= cfg.max_actions_per_episode or self.turn >= cfg.max_turns
-        )
-        self.done = terminated or truncated
-        feedback = _feedback(executed, blocked, invalid)
+        # the episode's action budget is this environment's own; max_turns is the base's
+        truncated = not terminated and self.actions_taken >= cfg.max_actions_per_episode
+        feedback = _feedback(executed, blocked, invalid + self.refused)
         obs = self._observation(feedback)
         return Transition(
             observation=obs,
@@ -216,6 +199,11 @@ class NavigationEnv(Environment):
                 "actions_left": cfg.max_actions_per_episode - self.actions_taken,
             },
         )
+
+    def _oracle(self) -> list[Action]:
+        assert self.task is not None
+        left = self.config.max_actions_per_episode - self.actions_taken
+        return oracle.oracle_actions(self.backend, self.task.target_id, left)
 
     def _success(self) -> bool:
         return bool(self.ground_truth()["success"])
@@ -283,42 +271,8 @@ class NavigationEnv(Environment):
 
     def state_prompt(self, representation: Representation) -> StatePrompt:
         """How to write a state in this env's egocentric metres, with a made-up example
-        (before and after one 'moveahead') written by `describe`."""
-        rep = Representation(representation)
-        layout = {"chair": (-0.8, 2.4), "desk": (1.6, 0.6), "box": (-2.0, -0.4)}
-
-        def state(step: float) -> dict[str, Any]:
-            entries = [_example_entry(t, r, f - step) for t, (r, f) in layout.items()]
-            return {"instruction": "Go to the chair.", "target": entries[0],
-                    "objects": entries[1:]}
-
-        where = "<observation> and <prediction> describe the state"
-        if rep is Representation.STRUCTURED:
-            instruction = (
-                f"{where} as one JSON object mapping each object type to its [right, forward] "
-                "position in metres from you (you are at [0, 0] facing forward; a negative "
-                "right is to your left, a negative forward behind you), or to a list of "
-                f"positions when there are several; within {self.grading.tolerance:g} m counts.")
-            reminder = "as a JSON object of [right, forward] positions in metres"
-        elif rep is Representation.SYMBOLIC:
-            instruction = (
-                f"{where} as a top-down grid of {geometry.SYMBOLIC_CELL:g} m cells around you, "
-                "cells separated by spaces: 'A' is you facing up (the top of the grid is ahead), "
-                "'.' an empty cell, 'T' the target and a lower-case letter each other object; "
-                "then one legend line such as 'A = you (facing up), T = chair (target), "
-                "a = desk'.")
-            reminder = f"as a grid of {geometry.SYMBOLIC_CELL:g} m cells with 'A' you facing up and a legend"
-        else:
-            instruction = (
-                f"{where} in sentences, one per object, each giving its distance in metres and "
-                "its direction from you: ahead, to your left, to your right or behind you (e.g. "
-                "'The chair is 2.30 m ahead, slightly to the left.'). A distance within "
-                f"{self.grading.tolerance:g} m counts.")
-            reminder = "as sentences with each object's distance in metres and direction"
-        return StatePrompt.written(
-            self, rep, instruction=instruction, reminder=reminder, before=state(0.0),
-            after=state(0.5), answer="moveahead",
-        )
+        (before and after one 'moveahead') written by `describe` (see `grading.py`)."""
+        return grading.state_prompt(self, representation)
 
     def system_prompt(self, format: ResponseFormat) -> str:
         cfg = self.config
@@ -348,15 +302,6 @@ class NavigationEnv(Environment):
             )
         return text
 
-    def oracle_actions(self) -> list[Action]:
-        if self.task is None or self.done:
-            return []
-        left = self.config.max_actions_per_episode - self.actions_taken
-        plan = self.backend.plan(self.task.target_id, max_len=max(left, 1))
-        if not plan:
-            return []
-        return [Action(name) for name in plan[: self.config.max_actions_per_turn]]
-
     # ---- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:
         self.backend.close()
@@ -366,8 +311,8 @@ class NavigationEnv(Environment):
             "task": self.task,
             "agent": self.backend.agent_state(),
             "turn": self.turn,
+            "phase": self._phase,
             "actions_taken": self.actions_taken,
-            "done": self.done,
         }
 
     def restore(self, snapshot: Any) -> None:
@@ -375,11 +320,8 @@ class NavigationEnv(Environment):
         if self.task is not None:
             self.backend.reset(self.task)
             self.backend.set_agent_state(snapshot["agent"])
-        self.turn, self.actions_taken, self.done = (
-            snapshot["turn"],
-            snapshot["actions_taken"],
-            snapshot["done"],
-        )
+        self.turn, self._phase = snapshot["turn"], snapshot["phase"]
+        self.actions_taken = snapshot["actions_taken"]
         self._gt = None
 
 
@@ -396,23 +338,11 @@ def _feedback(executed: list[str], blocked: list[str], invalid: list[str]) -> st
 
 def _make_backend(cfg: NavigationConfig, settings: BackendSettings) -> Backend:
     if cfg.backend == "ai2thor":
-        from .ai2thor_backend import AI2ThorBackend
-
         return AI2ThorBackend(settings, cfg)
     reason = NavigationEnv.unavailable_reason()
     if reason is not None:
         raise EnvError(f"navigation (miniworld) is unavailable here: {reason}", code="UNAVAILABLE")
+    # loaded only here: it needs miniworld and EGL, which the AI2-THOR backend does not
     from .miniworld_backend import MiniWorldBackend
 
     return MiniWorldBackend(settings)
-
-
-def _example_entry(kind: str, right: float, forward: float) -> dict[str, Any]:
-    """A made-up visible object at (right, forward) metres, as in the ground truth."""
-    return {
-        "type": kind,
-        "distance": round(float(np.hypot(right, forward)), 2),
-        "direction": geometry.direction(right, forward),
-        "position": [round(right, 1) + 0.0, round(forward, 1) + 0.0],
-        "visible": True,
-    }

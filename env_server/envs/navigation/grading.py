@@ -13,6 +13,9 @@ Score = F1 between claimed and true objects (matched per type, best credit first
   credit for the direction sector, half for the distance within `tolerance`;
 - symbolic: a grid in `describe_symbolic`'s layout (1 m cells, 'A' the agent facing up) with
   its "x = type" legend; a position earns the share of axes within one cell.
+
+`GRADING` is the environment's `GradingSpec` (the agent as anchor, 0.5 m tolerance) and
+`state_prompt` tells the agent how to write a state so that this grader reads it.
 """
 
 from __future__ import annotations
@@ -23,8 +26,16 @@ import math
 import re
 from typing import Any
 
+import numpy as np
+
+from env_server.core import Environment, Representation, StatePrompt
+from env_server.core.spatial import GradingSpec
+
 from . import geometry
 from .tasks import KINDS
+
+# positions are metres in the agent's frame; a claimed axis within 0.5 m counts
+GRADING = GradingSpec(anchor="agent", tolerance=0.5, ignore=())
 
 Claim = tuple[str, Any]  # (type, value): value is (right, forward) or (direction, distance)
 
@@ -205,3 +216,65 @@ def grade(text: str, truth: dict[str, Any], representation: str, tolerance: floa
         credit = _match(claims, true, natural_credit)
     n_claims = sum(len(v) for v in claims.values())
     return _f1(credit, n_claims, n_truth)
+
+
+# ---- how the agent is asked to write a state ------------------------------------------------
+
+
+def state_prompt(env: Environment, representation: Representation) -> StatePrompt:
+    """How to write a state in egocentric metres, with a made-up example (before and after
+    one 'moveahead') written by `env.describe`."""
+    rep = Representation(representation)
+    tolerance = GRADING.tolerance
+    layout = {"chair": (-0.8, 2.4), "desk": (1.6, 0.6), "box": (-2.0, -0.4)}
+
+    def state(step: float) -> dict[str, Any]:
+        entries = [_example_entry(t, r, f - step) for t, (r, f) in layout.items()]
+        return {"instruction": "Go to the chair.", "target": entries[0], "objects": entries[1:]}
+
+    where = "<observation> and <prediction> describe the state"
+    if rep is Representation.STRUCTURED:
+        instruction = (
+            f"{where} as one JSON object mapping each object type to its [right, forward] "
+            "position in metres from you (you are at [0, 0] facing forward; a negative "
+            "right is to your left, a negative forward behind you), or to a list of "
+            f"positions when there are several; within {tolerance:g} m counts."
+        )
+        reminder = "as a JSON object of [right, forward] positions in metres"
+    elif rep is Representation.SYMBOLIC:
+        instruction = (
+            f"{where} as a top-down grid of {geometry.SYMBOLIC_CELL:g} m cells around you, "
+            "cells separated by spaces: 'A' is you facing up (the top of the grid is ahead), "
+            "'.' an empty cell, 'T' the target and a lower-case letter each other object; "
+            "then one legend line such as 'A = you (facing up), T = chair (target), "
+            "a = desk'."
+        )
+        reminder = f"as a grid of {geometry.SYMBOLIC_CELL:g} m cells with 'A' you facing up and a legend"
+    else:
+        instruction = (
+            f"{where} in sentences, one per object, each giving its distance in metres and "
+            "its direction from you: ahead, to your left, to your right or behind you (e.g. "
+            "'The chair is 2.30 m ahead, slightly to the left.'). A distance within "
+            f"{tolerance:g} m counts."
+        )
+        reminder = "as sentences with each object's distance in metres and direction"
+    return StatePrompt.written(
+        env,
+        rep,
+        instruction=instruction,
+        reminder=reminder,
+        before=state(0.0),
+        after=state(0.5),
+        answer="moveahead",
+    )
+
+
+def _example_entry(kind: str, right: float, forward: float) -> dict[str, Any]:
+    """A made-up visible object at (right, forward) metres, as in the ground truth."""
+    return {
+        "type": kind,
+        "distance": round(float(np.hypot(right, forward)), 2),
+        "direction": geometry.direction(right, forward),
+        "position": [round(right, 1) + 0.0, round(forward, 1) + 0.0],
+        "visible": True,
+    }

@@ -6,67 +6,21 @@ point to lattice point and every point keeps a clearance from the walls. A move 
 when the agent's disc fits at the end point and along the way (walls, furniture); the
 oracle searches the same moves, so its plans always execute.
 
-Rendering goes through pyglet's headless (EGL) mode, which must be chosen before pyglet's
-GL module is imported: this module sets it before importing MiniWorld.
+What the scene looks like and how it is drawn (headless EGL, textures, meshes) is in
+`render.py`, through which this module reaches MiniWorld.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import math
-from ctypes import byref
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyglet
-from PIL import Image
 
-pyglet.options["headless"] = True
+from env_server.core import EnvError
 
-from miniworld.entity import COLORS, Box, MeshEnt  # noqa: E402
-from miniworld.miniworld import MiniWorldEnv  # noqa: E402
-from miniworld.opengl import Texture  # noqa: E402
-from pyglet.gl import (  # noqa: E402
-    GL_AMBIENT,
-    GL_AMBIENT_AND_DIFFUSE,
-    GL_COLOR_MATERIAL,
-    GL_COMPILE,
-    GL_DIFFUSE,
-    GL_FRONT_AND_BACK,
-    GL_LIGHT0,
-    GL_LIGHTING,
-    GL_LINEAR,
-    GL_LINEAR_MIPMAP_LINEAR,
-    GL_POSITION,
-    GL_RGB,
-    GL_RGBA,
-    GL_SMOOTH,
-    GL_TEXTURE_2D,
-    GL_TEXTURE_MAG_FILTER,
-    GL_TEXTURE_MIN_FILTER,
-    GL_UNSIGNED_BYTE,
-    GLfloat,
-    GLuint,
-    glBindTexture,
-    glCallList,
-    glColorMaterial,
-    glEnable,
-    glEndList,
-    glGenerateMipmap,
-    glGenLists,
-    glGenTextures,
-    glLightfv,
-    glNewList,
-    glShadeModel,
-    glTexImage2D,
-    glTexParameteri,
-)
-
-from env_server.core import EnvError  # noqa: E402
-
-from . import planner  # noqa: E402
-from .backend import (  # noqa: E402
+from . import planner
+from .backend import (
     HORIZON_MAX,
     HORIZON_MIN,
     LOOK_DEGREES,
@@ -74,79 +28,27 @@ from .backend import (  # noqa: E402
     Backend,
     BackendSettings,
 )
-from .geometry import ObjectState, Pose, bearing, relative  # noqa: E402
-from .tasks import KINDS, NavTask, appearance, object_name, write_instruction  # noqa: E402
+from .geometry import ObjectState, Pose, bearing, relative
+from .render import (
+    CEIL_TEXTURES,
+    COLOR_NAMES,
+    FLOOR_TEXTURES,
+    WALL_TEXTURES,
+    RenderedWorld,
+    entity_size,
+    make_entity,
+)
+from .tasks import KINDS, NavTask, appearance, object_name, write_instruction
 
 LATTICE_OFFSET = 0.25  # lattice points sit this far off the 0.5 m wall grid
 AGENT_RADIUS = 0.2
 DOOR_WIDTH = 1.0
 DOOR_HEIGHT = 2.2
-WALL_TEXTURES = (
-    "brick_wall",
-    "concrete",
-    "drywall",
-    "stucco",
-    "cinder_blocks",
-    "wood_planks",
-    "marble",
-)
-FLOOR_TEXTURES = (
-    "floor_tiles_bw",
-    "wood",
-    "wood_planks",
-    "concrete_tiles",
-    "marble",
-)
-CEIL_TEXTURES = ("ceiling_tiles", "ceiling_tile_noborder", "concrete_tiles", "white")
 ROOM_SIZES = (3.0, 3.5, 4.0, 4.5, 5.0)
-COLOR_NAMES = tuple(sorted(COLORS))
-# mesh name and height (m) of each uncoloured kind; colored kinds are built in `_make_entity`
-MESHES = {
-    "chair": ("office_chair", 1.0),
-    "desk": ("office_desk", 0.8),
-    "barrel": ("barrel", 1.0),
-    "cone": ("cone", 0.7),
-    "duckie": ("duckie", 0.4),
-    "medkit": ("medkit", 0.4),
-    "potion": ("potion", 0.4),
-    "keycard": ("keycard", 0.35),
-}
 MAX_VIEW_DISTANCE = 12.0
 CAMERA_HEIGHT = 1.2  # eye height, metres (MiniWorld's default 1.5 hides objects near the feet)
 GENERATION_ATTEMPTS = 60
 START_TRIES = 20  # start cells tried per layout for one that sees an object
-
-
-@dataclass(frozen=True)
-class _GLTexture:
-    id: int
-    width: int
-    height: int
-    target: int = GL_TEXTURE_2D
-
-
-def _load_texture(path: str) -> _GLTexture:
-    """Upload a PNG as a mipmapped texture, decoded by Pillow.
-
-    MiniWorld's own `Texture.load` converts pixels through pyglet's pure-Python regex path,
-    which takes seconds per texture on a small CPU; this does the same upload in
-    milliseconds (rows bottom-up, as OpenGL and pyglet expect).
-    """
-    img = Image.open(path).convert("RGBA").transpose(Image.Transpose.FLIP_TOP_BOTTOM)
-    tex_id = GLuint(0)
-    glGenTextures(1, byref(tex_id))
-    glBindTexture(GL_TEXTURE_2D, tex_id)
-    glTexImage2D(
-        GL_TEXTURE_2D, 0, GL_RGB, img.width, img.height, 0, GL_RGBA, GL_UNSIGNED_BYTE, img.tobytes()
-    )
-    glGenerateMipmap(GL_TEXTURE_2D)
-    glTexParameteri(GL_TEXTURE_2D, GL_TEXTURE_MAG_FILTER, GL_LINEAR)
-    glTexParameteri(GL_TEXTURE_2D, GL_TEXTURE_MIN_FILTER, GL_LINEAR_MIPMAP_LINEAR)
-    glBindTexture(GL_TEXTURE_2D, 0)
-    return _GLTexture(tex_id.value, img.width, img.height)
-
-
-Texture.load = classmethod(lambda cls, path: _load_texture(path))
 
 
 @dataclass(frozen=True)
@@ -208,49 +110,13 @@ class Layout:
     objects: list[ObjectSpec] = field(default_factory=list)
 
 
-def _make_entity(kind: str, color: str | None):
-    if kind == "box":
-        return Box(color=color, size=0.6)
-    if kind == "ball":
-        return MeshEnt(f"ball_{color}", height=0.5, static=True)
-    if kind == "key":
-        return MeshEnt(f"key_{color}", height=0.35, static=True)
-    mesh, height = MESHES[kind]
-    return MeshEnt(mesh, height=height, static=True)
-
-
-_SIZE_CACHE: dict[tuple[str, str | None], tuple[float, float]] = {}
-
-
-def _size(kind: str, color: str | None) -> tuple[float, float]:
-    """(radius, height) of an object's bounding cylinder, metres."""
-    key = (kind, color)
-    if key not in _SIZE_CACHE:
-        ent = _make_entity(kind, color)
-        _SIZE_CACHE[key] = float(ent.radius), float(ent.height)
-    return _SIZE_CACHE[key]
-
-
-class _World(MiniWorldEnv):
-    """A MiniWorld env that builds whatever `Layout` it is given.
-
-    MiniWorld compiles the static scene into display list 1, which all contexts of a
-    process share; each world here uses its own list so that many worlds can live in one
-    process.
-    """
+class _World(RenderedWorld):
+    """A MiniWorld env that builds whatever `Layout` it is given."""
 
     def __init__(self, image_size: int) -> None:
         self._layout: Layout | None = None
         self._agent_start: tuple[float, float, float] = (LATTICE_OFFSET, LATTICE_OFFSET, 0.0)
-        self._list_id = 0
-        with contextlib.redirect_stdout(io.StringIO()):  # MiniWorld prints sample fallbacks
-            super().__init__(
-                max_episode_steps=1 << 30,
-                obs_width=image_size,
-                obs_height=image_size,
-                window_width=1,
-                window_height=1,
-            )
+        super().__init__(image_size)
 
     def load(self, layout: Layout, agent: tuple[float, float, float]) -> None:
         self._layout, self._agent_start = layout, agent
@@ -279,38 +145,10 @@ class _World(MiniWorldEnv):
             self.connect_rooms(rooms[d.room_a], rooms[d.room_b], max_y=DOOR_HEIGHT, **extent)
         for o in layout.objects:
             self.place_entity(
-                _make_entity(o.kind, o.color), pos=np.array([o.x, 0.0, o.z]), dir=o.dir
+                make_entity(o.kind, o.color), pos=np.array([o.x, 0.0, o.z]), dir=o.dir
             )
         x, z, d = self._agent_start
         self.place_agent(pos=np.array([x, 0.0, z]), dir=d)
-
-    def _render_static(self) -> None:
-        self.shadow_window.switch_to()
-        if not self._list_id:
-            self._list_id = glGenLists(1)
-        glNewList(self._list_id, GL_COMPILE)
-        glLightfv(GL_LIGHT0, GL_POSITION, (GLfloat * 4)(*self.light_pos, 1))
-        glLightfv(GL_LIGHT0, GL_AMBIENT, (GLfloat * 4)(*self.light_ambient))
-        glLightfv(GL_LIGHT0, GL_DIFFUSE, (GLfloat * 4)(*self.light_color))
-        glEnable(GL_LIGHTING)
-        glEnable(GL_LIGHT0)
-        glShadeModel(GL_SMOOTH)
-        glEnable(GL_COLOR_MATERIAL)
-        glColorMaterial(GL_FRONT_AND_BACK, GL_AMBIENT_AND_DIFFUSE)
-        glEnable(GL_TEXTURE_2D)
-        for room in self.rooms:
-            room._render()
-        for ent in self.entities:
-            if ent.is_static:
-                ent.render()
-        glEndList()
-
-    def _render_world(self, frame_buffer, render_agent):
-        glCallList(self._list_id)
-        for ent in self.entities:
-            if not ent.is_static and ent is not self.agent:
-                ent.render()
-        return frame_buffer.resolve()
 
 
 # Worlds hold GL objects that MiniWorld never frees; closed ones wait here for the next
@@ -730,7 +568,7 @@ def _place(
     layout: Layout, rng: np.random.Generator, kind: str, color: str | None, room: int
 ) -> ObjectSpec | None:
     r = layout.rooms[room]
-    radius, height = _size(kind, color)
+    radius, height = entity_size(kind, color)
     for _ in range(100):
         x = float(rng.uniform(r.min_x + radius + 0.15, r.max_x - radius - 0.15))
         z = float(rng.uniform(r.min_z + radius + 0.15, r.max_z - radius - 0.15))

@@ -6,6 +6,9 @@ rendered through any Vulkan device (Mesa lavapipe on CPU-only machines).
 Reward (VAGEN): the episode's environment reward is given on its last turn:
 stage score at the end - stage score at the start - 0.1 per executed primitive, where
 the stage score is 10 on success and otherwise 2 x (highest completed stage + 1).
+
+The tasks are in `tasks.py`, the scripted expert in `oracle.py`, the grading of state
+descriptions in `grading.py`, the camera image in `render.py`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 import math
 import subprocess
 import sys
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -33,22 +36,18 @@ from env_server.core import (
     Observation,
     Representation,
     ResponseFormat,
+    StatePrompt,
     Transition,
 )
-from env_server.core.env import StatePrompt
 from env_server.core.spatial import GradingSpec
 
 from . import grading
 
 TASK_NAMES = ("AlignTwoCube", "PlaceTwoCube", "StackThreeCube", "PutAppleInDrawer")
 ARITY = {"pick": 3, "place": 3, "push": 6}
+PRIMITIVES_PER_TURN = 2
 PRIMITIVE_COST = 0.1
 SUCCESS_SCORE = 10.0
-GRID_CELL_MM = 50  # the symbolic representation's top-down grid
-SYMBOLS = {  # symbolic grid letters; '.' is an empty cell
-    "gripper": "E", "red_cube": "R", "green_cube": "G", "purple_cube": "P",
-    "left_target": "L", "right_target": "T", "apple": "A", "drawer": "D", "drawer_handle": "H",
-}
 
 
 class PrimitiveSkillConfig(EnvConfig):
@@ -103,17 +102,13 @@ class PrimitiveSkillEnv(Environment):
     fork_tolerance = ("contact caches are not part of the simulator state: after a fork a "
                       "held or resting object may settle, so positions can differ from the "
                       "source's by up to 5 mm (and images by a few pixels)")
-    # world-model grading: positions in mm, matched within 30 mm; relations from the gripper
-    grading = GradingSpec(
-        anchor="gripper",
-        symbols={".": (), **{s: (n,) for n, s in SYMBOLS.items()}},
-        tolerance=30.0,
-        ignore=(),
-    )
+    grading: ClassVar[GradingSpec] = grading.GRADING
 
     def __init__(self, config: PrimitiveSkillConfig | None = None) -> None:
         super().__init__(config)
         self.config: PrimitiveSkillConfig
+        # the simulator modules load here, not at import: listing environments and
+        # reading their action space needs no simulator
         from .controller import ArmController, Skills
         from .scene import TabletopScene
         from .tasks import TASKS
@@ -123,19 +118,7 @@ class PrimitiveSkillEnv(Environment):
         self.scene.reset(seed=0)  # builds the scene once; reset(seed) re-places objects
         self._make_arm = lambda: ArmController(self.scene)
         self._make_skills = Skills
-        self._space = ActionSpace(
-            kind=ActionKind.CALL,
-            names=("pick", "place", "push"),
-            max_per_turn=2,
-            arity=dict(ARITY),
-            description=(
-                "pick(x, y, z) grasps the object at that point; place(x, y, z) puts the held "
-                "object there; push(x1, y1, z1, x2, y2, z2) moves the closed gripper in a "
-                "straight line from the first point to the second. Integer millimetres."
-            ),
-        )
         self._seed: int | None = None
-        self._done = True
         self._closed = False
 
     # ---- availability ----------------------------------------------------------
@@ -143,17 +126,24 @@ class PrimitiveSkillEnv(Environment):
     def unavailable_reason(cls) -> str | None:
         return _backend_problem()
 
-    @property
-    def action_space(self) -> ActionSpace:
-        return self._space
+    @classmethod
+    def action_space_for(cls, config: EnvConfig) -> ActionSpace:
+        return ActionSpace(
+            kind=ActionKind.CALL,
+            names=("pick", "place", "push"),
+            max_per_turn=PRIMITIVES_PER_TURN,
+            arity=dict(ARITY),
+            description=(
+                "pick(x, y, z) grasps the object at that point; place(x, y, z) puts the held "
+                "object there; push(x1, y1, z1, x2, y2, z2) moves the closed gripper in a "
+                "straight line from the first point to the second. Integer millimetres."
+            ),
+        )
 
     # ---- episode -----------------------------------------------------------------
-    def reset(self, seed: int) -> Observation:
+    def _reset(self, seed: int) -> Observation:
         if self._closed:
             raise EnvError("environment is closed", code="FAILED_PRECONDITION")
-        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-            raise EnvError(f"seed must be a non-negative integer, got {seed!r}")
-        seed = int(seed)
         rng = np.random.default_rng(seed)
         self.scene.layout = self.task.sample_layout(rng)
         # a rebuilt PhysX scene: one that kept the last episode's contact caches would play
@@ -164,28 +154,18 @@ class PrimitiveSkillEnv(Environment):
         self.arm.wait(5)  # let the objects settle on the table
         self._order = [str(n) for n in rng.permutation(list(self.task.positions()))]
         self._seed = seed
-        self._turn = 0
         self._used = 0
-        self._done = False
         self._start_score = stage_score(self._stages())
         return self._observation(header="[Initial observation]")
 
-    def step(self, actions: list[Action]) -> Transition:
-        if self._seed is None:
-            raise EnvError("step() before reset(): reset the episode first", "FAILED_PRECONDITION")
-        if self._done:
-            raise EnvError("the episode has ended; reset it first", code="FAILED_PRECONDITION")
+    def _apply(self, actions: list[Action]) -> Transition:
         from .controller import PrimitiveError
 
         invalid: list[str] = []
         results: list[str] = []
         executed = 0
-        limit = self._space.max_per_turn
-        for i, action in enumerate(actions):
+        for action in actions:
             label = self._label(action)
-            if i >= limit:
-                invalid.append(f"{label}: only {limit} actions are allowed per turn")
-                continue
             if self._used >= self.config.max_primitives:
                 invalid.append(f"{label}: the episode's {self.config.max_primitives} primitives are used up")
                 continue
@@ -209,18 +189,15 @@ class PrimitiveSkillEnv(Environment):
             results.append(f"{label}: {note}" + (" (clipped to the workspace)" if clipped else ""))
             if self._stages()[-1]:
                 break
-        self._turn += 1
         stages = self._stages()
         success = stages[-1]
         terminated = success
-        truncated = not terminated and (
-            self._used >= self.config.max_primitives or self._turn >= self.config.max_turns
-        )
+        # the primitive budget is this environment's own; max_turns is the base class's
+        truncated = not terminated and self._used >= self.config.max_primitives
         reward = 0.0
-        if terminated or truncated:
+        if terminated or truncated or self.last_turn:  # the episode's reward, on its last turn
             reward = stage_score(stages) - self._start_score - PRIMITIVE_COST * self._used
-            self._done = True
-        lines = results + [f"{msg} (not executed)" for msg in invalid]
+        lines = results + [f"{msg} (not executed)" for msg in invalid + self.refused]
         obs = self._observation(header="[Observation after your actions]", results=lines)
         return Transition(
             observation=obs,
@@ -234,6 +211,11 @@ class PrimitiveSkillEnv(Environment):
                   "primitives_used": self._used, "results": results},
         )
 
+    def _oracle(self) -> list[Action]:
+        from .oracle import oracle_actions
+
+        return oracle_actions(self.task, self.task.positions(), self.skills.grasped())
+
     # ---- actions -----------------------------------------------------------------
     @staticmethod
     def _label(action: Action) -> str:
@@ -245,7 +227,7 @@ class PrimitiveSkillEnv(Environment):
         clipping changed anything."""
         from .controller import PrimitiveError
 
-        name = self._space.lookup(action.name)
+        name = self.action_space.lookup(action.name)
         if name is None:
             raise PrimitiveError("unknown primitive; use pick, place or push")
         if len(action.args) != ARITY[name]:
@@ -298,21 +280,7 @@ class PrimitiveSkillEnv(Environment):
                    + (f"holding the {held.replace('_', ' ')}." if held else "holding nothing.")]
             out += [f"The {n.replace('_', ' ')} is at {_fmt(p)} mm." for n, p in state["objects"].items()]
             return " ".join(out)
-        return self._grid(flat, state.get("workspace_mm") or self.task.workspace_mm)
-
-    @staticmethod
-    def _grid(flat: dict[str, list[int]], workspace: Any) -> str:
-        """Top-down grid, 50 mm cells: rows along x (row 0 nearest the robot), columns
-        along y (column 0 at the lowest y); one letter per object, the later one wins."""
-        (x0, x1), (y0, y1) = workspace[0], workspace[1]
-        rows = max(1, math.ceil((x1 - x0) / GRID_CELL_MM))
-        cols = max(1, math.ceil((y1 - y0) / GRID_CELL_MM))
-        grid = [["."] * cols for _ in range(rows)]
-        for name, p in flat.items():
-            r = min(rows - 1, max(0, int((p[0] - x0) // GRID_CELL_MM)))
-            c = min(cols - 1, max(0, int((p[1] - y0) // GRID_CELL_MM)))
-            grid[r][c] = SYMBOLS.get(name, "?")
-        return "\n".join("".join(row) for row in grid)
+        return grading.grid(flat, state.get("workspace_mm") or self.task.workspace_mm)
 
     # ---- world-model grading and prompts -------------------------------------------
     def grade_description(
@@ -320,51 +288,16 @@ class PrimitiveSkillEnv(Environment):
     ) -> float:
         """Score in [0, 1] of a description against `truth` (the structured state, parsed);
         used by `reasoning/` instead of its grid readers (see `grading.py`)."""
-        true_grid = self._grid(grading.positions_only(truth), self.task.workspace_mm)
-        letters = {s: n for n, s in SYMBOLS.items()}
+        true_grid = grading.grid(grading.positions_only(truth), self.task.workspace_mm)
         return grading.grade(
             text, truth, Representation(representation).value, self.grading.tolerance,
-            true_grid, letters,
+            true_grid, grading.LETTERS,
         )
 
     def state_prompt(self, representation: Representation) -> StatePrompt:
         """How to write a state (mm positions, the 50 mm grid), with a made-up example."""
-        rep = Representation(representation)
-        (x0, x1), (y0, y1), _ = self.task.workspace_mm
-        names = list(self.task.positions())
-        objects = {n: [int(x0) + 125, int(y0) + 50 + 100 * i, 20] for i, n in enumerate(names)}
-        before = {"gripper": [int(x0) + 25, int((y0 + y1) / 2), 150], "objects": objects,
-                  "holding": None, "workspace_mm": [[x0, x1], [y0, y1]]}
-        first = names[0]
-        x, y, z = objects[first]
-        lifted = [x, y, 100]
-        after = {**before, "gripper": lifted, "objects": {**objects, first: lifted},
-                 "holding": first}
-        where = "<observation> and <prediction> describe the state"
-        spelled = ", ".join(names)
-        if rep is Representation.STRUCTURED:
-            instruction = (f"{where} as one JSON object mapping \"gripper\" and each object "
-                           f"({spelled}) to its [x, y, z] position in integer millimetres.")
-            reminder = "as a JSON object of [x, y, z] positions in mm"
-        elif rep is Representation.SYMBOLIC:
-            legend = ", ".join(f"{s} {n.replace('_', ' ')}" for n, s in SYMBOLS.items()
-                               if n == "gripper" or n in names)
-            instruction = (
-                f"{where} as a top-down grid of {GRID_CELL_MM} mm cells over the workspace: one "
-                f"line per {GRID_CELL_MM} mm of x (the first line nearest the robot, from x = "
-                f"{x0:g}), one character per {GRID_CELL_MM} mm of y (the first from y = {y0:g}), "
-                f"'.' for an empty cell and the letters: {legend}.")
-            reminder = f"as a top-down grid of {GRID_CELL_MM} mm cells"
-        else:
-            instruction = (
-                f"{where} in sentences giving the position of the gripper and of each object "
-                "as (x, y, z) in millimetres, one sentence each, e.g. 'The gripper is at "
-                "(0, 0, 150) mm, holding nothing.' and 'The red cube is at (50, -120, 20) mm.'; "
-                f"a coordinate within {self.grading.tolerance:g} mm counts as right.")
-            reminder = "as sentences with (x, y, z) positions in mm"
-        return StatePrompt.written(
-            self, rep, instruction=instruction, reminder=reminder, before=before, after=after,
-            answer=f"pick({x}, {y}, {z})",
+        return grading.state_prompt(
+            self, representation, list(self.task.positions()), self.task.workspace_mm
         )
 
     # ---- text ----------------------------------------------------------------------
@@ -392,7 +325,7 @@ class PrimitiveSkillEnv(Environment):
             text="\n".join(parts),
             images=[self.scene.render_rgb()],
             ground_truth=gt,
-            info={"task": self.task.name, "turn": self._turn},
+            info={"task": self.task.name, "turn": self.turn},
         )
 
     def system_prompt(self, format: ResponseFormat) -> str:
@@ -409,18 +342,11 @@ class PrimitiveSkillEnv(Environment):
             "from (x1, y1, z1) to (x2, y2, z2), e.g. to slide a drawer shut.\n"
             "Points outside the workspace are clipped to it. A primitive that cannot be done "
             "(picking where there is no object, placing with nothing held) is skipped. "
-            f"At most {self._space.max_per_turn} primitives per turn and "
+            f"At most {self.action_space.max_per_turn} primitives per turn and "
             f"{self.config.max_primitives} per episode; each executed primitive costs "
             f"{PRIMITIVE_COST}. Completing the task scores {SUCCESS_SCORE:g}.\n"
             "Example: pick(62, -55, 20), place(80, 100, 20)"
         )
-
-    def oracle_actions(self) -> list[Action]:
-        if self._done:
-            return []
-        plan = self.task.plan(self.task.positions(), self.skills.grasped())
-        return [Action(p.name, tuple(float(a) for a in p.args))
-                for p in plan[: self._space.max_per_turn]]
 
     def close(self) -> None:
         if not self._closed:
@@ -455,7 +381,8 @@ class PrimitiveSkillEnv(Environment):
         self.arm.wait(1)
 
 
-_EPISODE_FIELDS = ("_seed", "_turn", "_used", "_done", "_start_score", "_order")
+# the episode's fields beside the simulator state (turn and _phase: the base class's)
+_EPISODE_FIELDS = ("_seed", "turn", "_phase", "_used", "_start_score", "_order")
 
 
 def _clone(state: Any) -> Any:

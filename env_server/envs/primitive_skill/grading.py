@@ -19,12 +19,17 @@ point, so partial credit would reward the description of any other state.)
 - symbolic: the longest block of grid lines written in the letters of `SYMBOLS` and '.',
   compared cell by cell with the true state's own grid (so objects hidden under another
   letter in the true grid are not asked for); an axis (row, column) agrees when equal.
+
+`GRADING` is the environment's `GradingSpec` (positions in mm from the gripper, 30 mm
+tolerance), `grid` writes a state in the symbolic representation and `state_prompt`
+tells the agent how to write a state so that this grader reads it.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,7 +37,24 @@ from typing import Any
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from env_server.core import Environment, Representation, StatePrompt
+from env_server.core.spatial import GradingSpec
+
 Position = tuple[float, ...]
+
+GRID_CELL_MM = 50  # the symbolic representation's top-down grid
+SYMBOLS = {  # symbolic grid letters; '.' is an empty cell
+    "gripper": "E", "red_cube": "R", "green_cube": "G", "purple_cube": "P",
+    "left_target": "L", "right_target": "T", "apple": "A", "drawer": "D", "drawer_handle": "H",
+}
+LETTERS = {s: n for n, s in SYMBOLS.items()}
+# world-model grading: positions in mm, matched within 30 mm; relations from the gripper
+GRADING = GradingSpec(
+    anchor="gripper",
+    symbols={".": (), **{s: (n,) for n, s in SYMBOLS.items()}},
+    tolerance=30.0,
+    ignore=(),
+)
 
 _TRIPLE = re.compile(
     r"[(\[]\s*(-?\d+(?:\.\d+)?)\s*,\s*(-?\d+(?:\.\d+)?)\s*,\s*(-?\d+(?:\.\d+)?)\s*[)\]]"
@@ -186,3 +208,62 @@ def grade(
         return score(positions(claimed) if claimed else {}, true, within(tolerance))
     names = set(true) | set(letters.values())
     return score(parse_natural(text, sorted(names)), true, within(tolerance))
+
+
+# ---- the symbolic grid and the state prompt ---------------------------------------------
+
+
+def grid(flat: dict[str, list[int]], workspace: Any) -> str:
+    """Top-down grid, 50 mm cells: rows along x (row 0 nearest the robot), columns
+    along y (column 0 at the lowest y); one letter per object, the later one wins."""
+    (x0, x1), (y0, y1) = workspace[0], workspace[1]
+    rows = max(1, math.ceil((x1 - x0) / GRID_CELL_MM))
+    cols = max(1, math.ceil((y1 - y0) / GRID_CELL_MM))
+    cells = [["."] * cols for _ in range(rows)]
+    for name, p in flat.items():
+        r = min(rows - 1, max(0, int((p[0] - x0) // GRID_CELL_MM)))
+        c = min(cols - 1, max(0, int((p[1] - y0) // GRID_CELL_MM)))
+        cells[r][c] = SYMBOLS.get(name, "?")
+    return "\n".join("".join(row) for row in cells)
+
+
+def state_prompt(
+    env: Environment, representation: Representation, names: list[str], workspace_mm: Any
+) -> StatePrompt:
+    """How to write a state (mm positions, the 50 mm grid) of a task with the objects
+    `names`, with a made-up example (before and after one pick) written by `env.describe`."""
+    rep = Representation(representation)
+    (x0, x1), (y0, y1), _ = workspace_mm
+    objects = {n: [int(x0) + 125, int(y0) + 50 + 100 * i, 20] for i, n in enumerate(names)}
+    before = {"gripper": [int(x0) + 25, int((y0 + y1) / 2), 150], "objects": objects,
+              "holding": None, "workspace_mm": [[x0, x1], [y0, y1]]}
+    first = names[0]
+    x, y, z = objects[first]
+    lifted = [x, y, 100]
+    after = {**before, "gripper": lifted, "objects": {**objects, first: lifted}, "holding": first}
+    where = "<observation> and <prediction> describe the state"
+    spelled = ", ".join(names)
+    if rep is Representation.STRUCTURED:
+        instruction = (f"{where} as one JSON object mapping \"gripper\" and each object "
+                       f"({spelled}) to its [x, y, z] position in integer millimetres.")
+        reminder = "as a JSON object of [x, y, z] positions in mm"
+    elif rep is Representation.SYMBOLIC:
+        legend = ", ".join(f"{s} {n.replace('_', ' ')}" for n, s in SYMBOLS.items()
+                           if n == "gripper" or n in names)
+        instruction = (
+            f"{where} as a top-down grid of {GRID_CELL_MM} mm cells over the workspace: one "
+            f"line per {GRID_CELL_MM} mm of x (the first line nearest the robot, from x = "
+            f"{x0:g}), one character per {GRID_CELL_MM} mm of y (the first from y = {y0:g}), "
+            f"'.' for an empty cell and the letters: {legend}.")
+        reminder = f"as a top-down grid of {GRID_CELL_MM} mm cells"
+    else:
+        instruction = (
+            f"{where} in sentences giving the position of the gripper and of each object "
+            "as (x, y, z) in millimetres, one sentence each, e.g. 'The gripper is at "
+            "(0, 0, 150) mm, holding nothing.' and 'The red cube is at (50, -120, 20) mm.'; "
+            f"a coordinate within {GRADING.tolerance:g} mm counts as right.")
+        reminder = "as sentences with (x, y, z) positions in mm"
+    return StatePrompt.written(
+        env, rep, instruction=instruction, reminder=reminder, before=before, after=after,
+        answer=f"pick({x}, {y}, {z})",
+    )

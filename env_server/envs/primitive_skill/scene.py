@@ -4,7 +4,7 @@
 the package, no download), a third-person render camera and whatever the task builds
 (cubes, goal discs, an apple and a drawer articulation). It holds no task logic: a
 `Task` (tasks.py) builds its objects into it and places them from a layout sampled
-with the episode's seed.
+with the episode's seed. The camera and the image it gives are in `render.py`.
 
 This module imports mani_skill/sapien; the rest of the package imports it lazily.
 """
@@ -18,16 +18,12 @@ import sapien
 import torch
 from mani_skill.envs.sapien_env import BaseEnv
 from mani_skill.sensors.camera import CameraConfig
-from mani_skill.utils import sapien_utils
 from mani_skill.utils.scene_builder.table import TableSceneBuilder
+
+from . import render
 
 if TYPE_CHECKING:
     from .tasks import Task
-
-# the camera of the paper's setup: across the table from the robot, looking back at it
-CAMERA_EYE = (1.0, 0.0, 0.6)
-CAMERA_TARGET = (-0.2, 0.0, 0.2)
-CAMERA_FOV = 1.0  # radians
 
 
 class TabletopScene(BaseEnv):
@@ -58,9 +54,7 @@ class TabletopScene(BaseEnv):
 
     @property
     def _default_human_render_camera_configs(self) -> CameraConfig:
-        pose = sapien_utils.look_at(eye=list(CAMERA_EYE), target=list(CAMERA_TARGET))
-        size = self.image_size
-        return CameraConfig("render_camera", pose, size, size, CAMERA_FOV, 0.01, 100)
+        return render.camera(self.image_size)
 
     # ---- scene --------------------------------------------------------------
     def _load_agent(self, options: dict) -> None:
@@ -85,7 +79,5 @@ class TabletopScene(BaseEnv):
 
     # ---- helpers used by the controller and the tasks --------------------------
     def render_rgb(self) -> np.ndarray:
-        frame = self.render()
-        if isinstance(frame, torch.Tensor):
-            frame = frame.cpu().numpy()
-        return np.ascontiguousarray(frame[0] if frame.ndim == 4 else frame, dtype=np.uint8)
+        """The observation image (see `render.py`)."""
+        return render.to_rgb(self.render())

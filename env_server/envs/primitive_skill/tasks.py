@@ -1,4 +1,4 @@
-"""The four tasks of the paper: objects, seeded layouts, stages, success and oracle plans.
+"""The four tasks of the paper: objects, seeded layouts, stages and success.
 
 Facts follow the paper's public code (RAGEN-AI/VAGEN, primitive_skill): the 4 cm cubes,
 the workspace x in [-100, 150] mm, y in [-200, 200] mm, z in [10, 200] mm, the spawn
@@ -7,13 +7,13 @@ tolerance, and the stage definitions. The apple and the drawer are our own: a sp
 and an articulation with one prismatic joint, both built in code (no asset download).
 
 World frame: metres, x away from the robot (towards the camera), y to the camera's
-right, z up from the table top. Positions shown to the agent are millimetres.
+right, z up from the table top. Positions shown to the agent are millimetres. The
+scripted expert that solves each task is in `oracle.py`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -31,14 +31,6 @@ MIN_SEPARATION = 0.07  # metres between spawned object centres
 RED = (1.0, 0.0, 0.0, 1.0)
 GREEN = (0.0, 1.0, 0.0, 1.0)
 PURPLE = (1.0, 0.0, 1.0, 1.0)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """One oracle primitive: name and integer-millimetre arguments."""
-
-    name: str
-    args: tuple[int, ...]
 
 
 def _quat_wxyz_z(yaw: float) -> list[float]:
@@ -62,10 +54,6 @@ def _pos(actor: Any) -> np.ndarray:
 def _yaw(actor: Any) -> float:
     w, x, y, z = actor.pose.q[0].cpu().numpy().astype(float)
     return float(Rotation.from_quat([x, y, z, w]).as_euler("xyz")[2])
-
-
-def _mm(p: np.ndarray) -> tuple[int, ...]:
-    return tuple(int(round(v * 1000)) for v in p)
 
 
 def sample_apart(
@@ -135,10 +123,6 @@ class Task(ABC):
     def stages(self, pos: dict[str, np.ndarray], held: str | None) -> list[bool]:
         """Which stages are completed; the last entry is success."""
 
-    @abstractmethod
-    def plan(self, pos: dict[str, np.ndarray], held: str | None) -> list[Plan]:
-        """Scripted primitives that finish the task from this state."""
-
 
 # ---------------------------------------------------------------------------------------
 class _CubeTask(Task):
@@ -167,13 +151,6 @@ class _CubeTask(Task):
             for name, p in zip(self.cube_colors, points, strict=True)
         }
 
-    @staticmethod
-    def _pick_place(
-        name: str, pos: dict[str, np.ndarray], held: str | None, goal: np.ndarray
-    ) -> list[Plan]:
-        steps = [] if held == name else [Plan("pick", _mm(pos[name]))]
-        return steps + [Plan("place", _mm(goal))]
-
 
 class AlignTwoCube(_CubeTask):
     name = "AlignTwoCube"
@@ -192,16 +169,6 @@ class AlignTwoCube(_CubeTask):
     def stages(self, pos: dict[str, np.ndarray], held: str | None) -> list[bool]:
         red, green = self._aligned(pos["red_cube"]), self._aligned(pos["green_cube"])
         return [red, green, red and green and held is None]
-
-    def plan(self, pos: dict[str, np.ndarray], held: str | None) -> list[Plan]:
-        out: list[Plan] = []
-        if held is not None:
-            out += [Plan("place", _mm(np.array([0.0, pos[held][1], CUBE_HALF])))]
-        for name in ("red_cube", "green_cube"):
-            p = pos[name]
-            if name != held and (abs(p[0]) > 0.004 or p[2] > 0.05):
-                out += self._pick_place(name, pos, None, np.array([0.0, p[1], CUBE_HALF]))
-        return out
 
 
 class PlaceTwoCube(_CubeTask):
@@ -231,31 +198,18 @@ class PlaceTwoCube(_CubeTask):
     def sample_layout(self, rng: np.random.Generator) -> dict[str, Any]:
         return self._layout(rng, [((-0.10, 0.0), (-0.10, 0.10))] * 2)
 
-    def _in_goal(self, pos: dict[str, np.ndarray], cube: str) -> bool:
+    def in_goal(self, pos: dict[str, np.ndarray], cube: str) -> bool:
         goal = pos[self.goal_of[cube]]
         return bool(np.linalg.norm(pos[cube][:2] - goal[:2]) <= self.goal_radius)
 
     def stages(self, pos: dict[str, np.ndarray], held: str | None) -> list[bool]:
-        red_in, green_in = self._in_goal(pos, "red_cube"), self._in_goal(pos, "green_cube")
+        red_in, green_in = self.in_goal(pos, "red_cube"), self.in_goal(pos, "green_cube")
         return [
             held == "red_cube",
             red_in and held is None,
             red_in and held == "green_cube",
             red_in and green_in and held is None,
         ]
-
-    def plan(self, pos: dict[str, np.ndarray], held: str | None) -> list[Plan]:
-        out: list[Plan] = []
-        order = ["red_cube", "green_cube"]
-        if held in order:  # finish what is in hand first
-            order.remove(held)
-            order.insert(0, held)
-        for cube in order:
-            if cube == held or not self._in_goal(pos, cube) or pos[cube][2] > 0.05:
-                goal = pos[self.goal_of[cube]].copy()
-                goal[2] = CUBE_HALF
-                out += self._pick_place(cube, pos, held, goal)
-        return out
 
 
 class StackThreeCube(_CubeTask):
@@ -273,36 +227,20 @@ class StackThreeCube(_CubeTask):
         return {"cube_size_mm": int(round(2 * CUBE_HALF * 1000))}
 
     @staticmethod
-    def _on(top: np.ndarray, bottom: np.ndarray) -> bool:
+    def on(top: np.ndarray, bottom: np.ndarray) -> bool:
         return bool(
             np.linalg.norm(top[:2] - bottom[:2]) < CUBE_HALF and top[2] > bottom[2] + CUBE_HALF
         )
 
     def stages(self, pos: dict[str, np.ndarray], held: str | None) -> list[bool]:
-        red_on_green = self._on(pos["red_cube"], pos["green_cube"]) and held != "red_cube"
-        purple_on_red = self._on(pos["purple_cube"], pos["red_cube"]) and held != "purple_cube"
+        red_on_green = self.on(pos["red_cube"], pos["green_cube"]) and held != "red_cube"
+        purple_on_red = self.on(pos["purple_cube"], pos["red_cube"]) and held != "purple_cube"
         return [
             held == "red_cube",
             red_on_green,
             red_on_green and held == "purple_cube",
             red_on_green and purple_on_red and held is None,
         ]
-
-    def plan(self, pos: dict[str, np.ndarray], held: str | None) -> list[Plan]:
-        red, green, purple = pos["red_cube"], pos["green_cube"], pos["purple_cube"]
-        out: list[Plan] = []
-        if held == "purple_cube" and not self._on(red, green):  # put it down out of the way
-            spot = np.array([-0.05, 0.0 if abs(green[1]) > 0.08 else 0.15, CUBE_HALF])
-            out.append(Plan("place", _mm(spot)))
-            purple, held = spot, None
-        if held == "red_cube" or not self._on(red, green):
-            out += self._pick_place("red_cube", pos, held, green + [0, 0, 2 * CUBE_HALF])
-            red, held = green + [0, 0, 2 * CUBE_HALF], None
-        if out or held == "purple_cube" or not self._on(purple, red):
-            if held != "purple_cube":
-                out.append(Plan("pick", _mm(purple)))
-            out.append(Plan("place", _mm(red + [0, 0, 2 * CUBE_HALF])))
-        return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -458,24 +396,6 @@ class PutAppleInDrawer(Task):
         inside = self.in_drawer(pos) and held is None
         closed = self.opening() <= DRAWER_CLOSED_BELOW
         return [held == "apple", inside, inside and closed]
-
-    def plan(self, pos: dict[str, np.ndarray], held: str | None) -> list[Plan]:
-        out: list[Plan] = []
-        if not self.in_drawer(pos) or held == "apple":
-            if held != "apple":
-                out.append(Plan("pick", _mm(pos["apple"])))
-            # the open part of the tray, beyond the cabinet's front
-            tray = pos["drawer"].copy()
-            exposed_front = tray[1] + TRAY_DEPTH / 2
-            tray[1] = (max(tray[1] - TRAY_DEPTH / 2, CABINET_FRONT_Y) + exposed_front) / 2
-            tray[2] += 0.01
-            out.append(Plan("place", _mm(tray)))
-        if self.opening() > DRAWER_CLOSED_BELOW / 2:
-            h = pos["drawer_handle"]
-            start = np.array([h[0], h[1] + 0.04, h[2]])
-            end = np.array([h[0], CABINET_FRONT_Y + WALL + 0.002, h[2]])
-            out.append(Plan("push", _mm(start) + _mm(end)))
-        return out
 
 
 TASKS: dict[str, type[Task]] = {

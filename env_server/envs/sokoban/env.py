@@ -1,7 +1,8 @@
 """Sokoban: push every box onto a target in a small walled room.
 
 Our own implementation (no gym-sokoban): seeded reverse-play level generation checked
-by a BFS solver, VAGEN's reward constants and text symbols, and a tile renderer.
+by a BFS solver (`level.py`), VAGEN's reward constants and text symbols (`grading.py`),
+the BFS oracle (`oracle.py`) and a tile renderer (`render.py`).
 """
 
 from __future__ import annotations
@@ -27,23 +28,22 @@ from env_server.core import (
 from env_server.core.spatial import GradingSpec, grid_relation, grid_sentence
 
 from . import render
-from .level import ACTIONS, Level, cells_rc, generate, move, solve
+from .grading import (
+    BOX,
+    BOX_ON_TARGET,
+    FLOOR,
+    GRADING,
+    PLAYER,
+    PLAYER_ON_TARGET,
+    TARGET,
+    WALL,
+    symbolic,
+)
+from .level import ACTIONS, Level, cells_rc, generate, move, parse
+from .oracle import Planner
 
 # how many candidate levels reset() draws before it gives up on the length bounds
 GENERATION_TRIES = 200
-
-# text symbols (VAGEN's): one character per cell
-WALL, FLOOR, TARGET, BOX = "#", "_", "O", "X"
-BOX_ON_TARGET, PLAYER, PLAYER_ON_TARGET = "√", "P", "S"
-SYMBOLS: dict[str, tuple[str, ...]] = {
-    WALL: ("wall",),
-    FLOOR: (),
-    TARGET: ("target",),
-    BOX: ("box",),
-    BOX_ON_TARGET: ("box", "target"),
-    PLAYER: ("player",),
-    PLAYER_ON_TARGET: ("player", "target"),
-}
 
 RoomSide = Annotated[int, Field(ge=5, le=16)]
 
@@ -98,34 +98,32 @@ class SokobanEnv(Environment):
     description: ClassVar[str] = (
         "Sokoban in a small seeded room: push every box onto a target (Up/Down/Left/Right)."
     )
-    grading: ClassVar[GradingSpec] = GradingSpec(anchor="player", symbols=SYMBOLS)
+    grading: ClassVar[GradingSpec] = GRADING
 
     config: SokobanConfig
 
     def __init__(self, config: SokobanConfig | None = None) -> None:
         super().__init__(config)
-        self._action_space = ActionSpace(
-            kind=ActionKind.DISCRETE,
-            names=ACTIONS,
-            max_per_turn=self.config.max_actions_per_turn,
-            description="Up, Down, Left, Right: move one cell; walking into a box pushes it.",
-        )
         self._level: Level | None = None
         self._background: np.ndarray | None = None  # tile index per cell: wall/floor/target
         self._static_gt: dict[str, Any] = {}
-        self._turn = 0
-        self._done = True
-        self._plan: dict[tuple, list[str]] = {}  # state key -> the rest of a shortest solution
+        self._planner = Planner()
+        self._given: Level | None = None  # the room reset_from_text is starting
 
-    @property
-    def action_space(self) -> ActionSpace:
-        return self._action_space
+    @classmethod
+    def action_space_for(cls, config: SokobanConfig) -> ActionSpace:
+        return ActionSpace(
+            kind=ActionKind.DISCRETE,
+            names=ACTIONS,
+            max_per_turn=config.max_actions_per_turn,
+            description="Up, Down, Left, Right: move one cell; walking into a box pushes it.",
+        )
 
     # ---- episode --------------------------------------------------------
-    def reset(self, seed: int) -> Observation:
-        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-            raise EnvError(f"seed must be a non-negative integer, got {seed!r}")
-        seed = int(seed)
+    def _reset(self, seed: int) -> Observation:
+        if self._given is not None:
+            self._start(self._given, solution=None)
+            return self._observation()
         cfg = self.config
         rows, cols = cfg.dim_room
         generated = generate(
@@ -152,67 +150,52 @@ class SokobanEnv(Environment):
 
         For hand-made puzzles and tests; the room needs walls all around, one player and as
         many boxes as targets. The level is not required to be solvable (the oracle then
-        returns no actions).
+        returns no actions). The episode starts as `reset` starts one (turn count and all),
+        on this room instead of a generated one.
         """
-        self._start(_parse(text), solution=None)
-        return self._observation()
+        self._given = parse(text)
+        try:
+            return self.reset(0)
+        finally:
+            self._given = None
 
     def _start(self, level: Level, solution: list[str] | None) -> None:
         self._level = level
-        background = np.full(level.height * level.width, render.FLOOR, dtype=np.intp)
-        background[list(level.walls)] = render.WALL
-        background[list(level.targets)] = render.TARGET
-        self._background = background
+        self._background = render.background(level)
         self._static_gt = {
             "grid_size": [level.height, level.width],
             "targets": cells_rc(level, level.targets),
             "walls": cells_rc(level, level.walls),
             "num_boxes": len(level.boxes),
         }
-        self._turn = 0
-        self._done = False
-        self._plan = {}
-        if solution is not None:
-            self._remember_plan(level, solution)
+        self._planner.start(level, solution)
 
-    def step(self, actions: list[Action]) -> Transition:
-        if self._level is None:
-            raise EnvError("step() before reset(): reset the episode first", "FAILED_PRECONDITION")
-        if self._done:
-            raise EnvError(
-                "the episode has ended (solved or out of turns); reset it to play again",
-                code="FAILED_PRECONDITION",
-            )
+    def _apply(self, actions: list[Action]) -> Transition:
         cfg = self.config
-        offsets = self._level.offsets()
-        self._turn += 1
+        level = self._require_level()
+        offsets = level.offsets()
         reward, executed = 0.0, 0
         details: list[dict[str, Any]] = []
         invalid: list[str] = []
         skipped: list[str] = []
-        for index, action in enumerate(actions):
-            name = self._action_space.lookup(action.name)
-            if index >= cfg.max_actions_per_turn:
-                invalid.append(
-                    f"{action.name}: over the limit of {cfg.max_actions_per_turn} actions per turn"
-                )
-                continue
+        for action in actions:
+            name = self.action_space.lookup(action.name)
             if name is None:
                 invalid.append(f"{action.name}: unknown action; use one of {', '.join(ACTIONS)}")
                 continue
-            if self._level.solved:
+            if level.solved:
                 skipped.append(name)  # the episode ended earlier in this turn
                 continue
-            before = self._level.boxes_on_target
-            outcome = move(self._level, name, offsets[name])
-            self._level = outcome.level
-            change = self._level.boxes_on_target - before
+            before = level.boxes_on_target
+            outcome = move(level, name, offsets[name])
+            level = outcome.level
+            change = level.boxes_on_target - before
             r = cfg.step_reward
             if change > 0:
                 r += cfg.box_on_target_reward
             elif change < 0:
                 r += cfg.box_off_target_reward
-            if self._level.solved:
+            if level.solved:
                 r += cfg.solved_reward
             reward += r
             executed += 1
@@ -220,47 +203,38 @@ class SokobanEnv(Environment):
             if change:
                 detail["box"] = "onto target" if change > 0 else "off target"
             details.append(detail)
-
-        terminated = self._level.solved
-        truncated = not terminated and self._turn >= cfg.max_turns
-        self._done = terminated or truncated
+        self._level = level
         return Transition(
             observation=self._observation(),
             reward=reward,
-            terminated=terminated,
-            truncated=truncated,
-            success=terminated,
+            terminated=level.solved,
+            truncated=False,
+            success=level.solved,
             actions_executed=executed,
             invalid_actions=invalid,
             info={
                 "actions": details,
                 "skipped_actions": skipped,
-                "boxes_on_target": self._level.boxes_on_target,
+                "boxes_on_target": level.boxes_on_target,
             },
         )
 
     def close(self) -> None:
         self._level = None
-        self._done = True
 
     # ---- observation ----------------------------------------------------
     def render(self) -> np.ndarray:
         """The current frame: (rows * tile_size, cols * tile_size, 3) uint8."""
         level = self._require_level()
-        cells = self._background.copy()
-        for box in level.boxes:
-            cells[box] = render.BOX_ON_TARGET if box in level.targets else render.BOX
-        cells[level.player] = (
-            render.PLAYER_ON_TARGET if level.player in level.targets else render.PLAYER
-        )
-        return render.compose(cells.reshape(level.height, level.width), self.config.tile_size)
+        assert self._background is not None
+        return render.frame(level, self._background, self.config.tile_size)
 
     def _observation(self) -> Observation:
         return Observation(
             text="[Observation]: <image>",
             images=[self.render()],
             ground_truth=self.ground_truth(),
-            info={"turn": self._turn, "max_turns": self.config.max_turns},
+            info={"turn": self.turn, "max_turns": self.config.max_turns},
         )
 
     def ground_truth(self) -> dict[str, Any]:
@@ -296,7 +270,7 @@ class SokobanEnv(Environment):
                     [grid_sentence("box", "player", player, b) for b in boxes]
                     + [grid_sentence("target", "player", player, t) for t in targets]
                 )
-            return _symbolic(state["grid_size"], state["walls"], player, boxes, targets)
+            return symbolic(state["grid_size"], state["walls"], player, boxes, targets)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise EnvError(f"describe(): not a Sokoban ground-truth state ({exc!r})") from exc
 
@@ -323,26 +297,9 @@ class SokobanEnv(Environment):
         )
 
     # ---- oracle -----------------------------------------------------------
-    def oracle_actions(self) -> list[Action]:
-        """The next moves of a shortest solution ([] once solved, ended or deadlocked)."""
-        level = self._require_level()
-        if self._done:
-            return []
-        rest = self._plan.get(level.key())
-        if rest is None:  # the agent left the planned path: plan again from here
-            solution = solve(level)
-            if solution is None:
-                return []
-            self._plan = {}
-            self._remember_plan(level, solution)
-            rest = solution
-        return [Action(name) for name in rest[: self.config.max_actions_per_turn]]
-
-    def _remember_plan(self, level: Level, solution: list[str]) -> None:
-        offsets = level.offsets()
-        for i, name in enumerate(solution):
-            self._plan[level.key()] = solution[i:]
-            level = move(level, name, offsets[name]).level
+    def _oracle(self) -> list[Action]:
+        """The next moves of a shortest solution ([] once deadlocked)."""
+        return [Action(name) for name in self._planner.next_moves(self._require_level())]
 
     def _require_level(self) -> Level:
         if self._level is None:
@@ -353,60 +310,3 @@ class SokobanEnv(Environment):
 def _relation(kind: str, player: list[int], pos: list[int]) -> dict[str, Any]:
     vertical, horizontal = grid_relation(player, pos)
     return {"object": kind, "position": list(pos), "vertical": vertical, "horizontal": horizontal}
-
-
-def _symbolic(
-    grid_size: list[int],
-    walls: list[list[int]],
-    player: list[int],
-    boxes: list[list[int]],
-    targets: list[list[int]],
-) -> str:
-    rows, cols = int(grid_size[0]), int(grid_size[1])
-    grid = [[FLOOR] * cols for _ in range(rows)]
-    for r, c in walls:
-        grid[r][c] = WALL
-    for r, c in targets:
-        grid[r][c] = TARGET
-    for r, c in boxes:
-        grid[r][c] = BOX_ON_TARGET if grid[r][c] == TARGET else BOX
-    r, c = player
-    grid[r][c] = PLAYER_ON_TARGET if grid[r][c] == TARGET else PLAYER
-    return "\n".join("".join(row) for row in grid)
-
-
-def _parse(text: str) -> Level:
-    lines = [line for line in text.strip("\n").splitlines() if line.strip()]
-    rows, cols = len(lines), len(lines[0]) if lines else 0
-    if rows < 3 or any(len(line) != cols for line in lines) or cols < 3:
-        raise EnvError("a Sokoban room must be a rectangle of at least 3x3 symbols")
-    walls, targets, boxes, players = set(), set(), set(), []
-    for r, line in enumerate(lines):
-        for c, symbol in enumerate(line):
-            if symbol not in SYMBOLS:
-                raise EnvError(f"unknown symbol {symbol!r} at [{r}, {c}]; use {''.join(SYMBOLS)}")
-            kinds, cell = SYMBOLS[symbol], r * cols + c
-            border = r in (0, rows - 1) or c in (0, cols - 1)
-            if border and kinds != ("wall",):
-                raise EnvError(
-                    f"the room must be walled in: [{r}, {c}] is {symbol!r}, not {WALL!r}"
-                )
-            if "wall" in kinds:
-                walls.add(cell)
-            if "target" in kinds:
-                targets.add(cell)
-            if "box" in kinds:
-                boxes.add(cell)
-            if "player" in kinds:
-                players.append(cell)
-    if len(players) != 1:
-        raise EnvError(f"a Sokoban room needs exactly one player, found {len(players)}")
-    if not boxes or len(boxes) != len(targets):
-        raise EnvError(
-            f"a Sokoban room needs as many boxes as targets (>0), found "
-            f"{len(boxes)} and {len(targets)}"
-        )
-    level = Level(rows, cols, frozenset(walls), frozenset(targets), frozenset(boxes), players[0])
-    if level.solved:
-        raise EnvError("every box is already on a target")
-    return level

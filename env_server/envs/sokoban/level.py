@@ -12,6 +12,8 @@ Generation (our own take on the classic reverse-play method):
    along paths the player can push them back on;
 4. measure the true shortest solution with a forward BFS and keep the level when its
    length is within the requested bounds, otherwise draw again from the same RNG.
+
+`parse` reads a hand-made room written in the symbolic representation.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
+
+from env_server.core import EnvError
+
+from .grading import SYMBOLS, WALL
 
 ACTIONS: tuple[str, ...] = ("Up", "Down", "Left", "Right")
 DELTAS: dict[str, tuple[int, int]] = {
@@ -268,3 +274,43 @@ def generate(
 def cells_rc(level: Level, cells: Iterable[int]) -> list[list[int]]:
     """Flat cells as sorted [row, col] lists (JSON-friendly)."""
     return [list(level.rc(c)) for c in sorted(cells)]
+
+
+def parse(text: str) -> Level:
+    """A room written as in the symbolic representation (see `grading.py`), for hand-made
+    puzzles: walls all around, one player and as many boxes as targets (not solved yet).
+    EnvError names what is wrong."""
+    lines = [line for line in text.strip("\n").splitlines() if line.strip()]
+    rows, cols = len(lines), len(lines[0]) if lines else 0
+    if rows < 3 or any(len(line) != cols for line in lines) or cols < 3:
+        raise EnvError("a Sokoban room must be a rectangle of at least 3x3 symbols")
+    walls, targets, boxes, players = set(), set(), set(), []
+    for r, line in enumerate(lines):
+        for c, symbol in enumerate(line):
+            if symbol not in SYMBOLS:
+                raise EnvError(f"unknown symbol {symbol!r} at [{r}, {c}]; use {''.join(SYMBOLS)}")
+            kinds, cell = SYMBOLS[symbol], r * cols + c
+            border = r in (0, rows - 1) or c in (0, cols - 1)
+            if border and kinds != ("wall",):
+                raise EnvError(
+                    f"the room must be walled in: [{r}, {c}] is {symbol!r}, not {WALL!r}"
+                )
+            if "wall" in kinds:
+                walls.add(cell)
+            if "target" in kinds:
+                targets.add(cell)
+            if "box" in kinds:
+                boxes.add(cell)
+            if "player" in kinds:
+                players.append(cell)
+    if len(players) != 1:
+        raise EnvError(f"a Sokoban room needs exactly one player, found {len(players)}")
+    if not boxes or len(boxes) != len(targets):
+        raise EnvError(
+            f"a Sokoban room needs as many boxes as targets (>0), found "
+            f"{len(boxes)} and {len(targets)}"
+        )
+    level = Level(rows, cols, frozenset(walls), frozenset(targets), frozenset(boxes), players[0])
+    if level.solved:
+        raise EnvError("every box is already on a target")
+    return level

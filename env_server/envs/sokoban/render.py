@@ -11,6 +11,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from .level import Level
+
 # tile indices
 WALL, FLOOR, TARGET, BOX, BOX_ON_TARGET, PLAYER, PLAYER_ON_TARGET = range(7)
 
@@ -107,3 +109,20 @@ def compose(cells: np.ndarray, size: int) -> np.ndarray:
     rows, cols = cells.shape
     frame = tiles(size)[cells]  # (rows, cols, size, size, 3)
     return frame.transpose(0, 2, 1, 3, 4).reshape(rows * size, cols * size, 3)
+
+
+def background(level: Level) -> np.ndarray:
+    """The tile index of every cell that never changes (wall, floor, target), flat."""
+    cells = np.full(level.height * level.width, FLOOR, dtype=np.intp)
+    cells[list(level.walls)] = WALL
+    cells[list(level.targets)] = TARGET
+    return cells
+
+
+def frame(level: Level, still: np.ndarray, size: int) -> np.ndarray:
+    """The frame of `level` on its `background`: (rows * size, cols * size, 3) uint8."""
+    cells = still.copy()
+    for box in level.boxes:
+        cells[box] = BOX_ON_TARGET if box in level.targets else BOX
+    cells[level.player] = PLAYER_ON_TARGET if level.player in level.targets else PLAYER
+    return compose(cells.reshape(level.height, level.width), size)

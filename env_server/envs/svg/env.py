@@ -1,16 +1,18 @@
 """SVG reconstruction: the agent sees a target icon and writes SVG code that reproduces it.
 
-Each turn the agent answers with one SVG document. It is checked and rendered in a
-sandboxed render process (see `render.py`), scored against the target (see `score.py`),
-and shown beside the target on the next turn. The turn's reward is the score, in
-[0, 1]; the episode ends with success when the score reaches `success_threshold`, or
-is truncated after `max_turns` turns. An SVG that is refused or fails to render is an
-invalid action (reward 0, the reason in `invalid_actions`); the episode goes on.
+Each turn the agent answers with one SVG document. It is checked and rasterised in a
+sandboxed render process (see `rasterize.py`), scored against the target (see `score.py`),
+and shown beside the target on the next turn (see `render.py`). The turn's reward is the
+score, in [0, 1]; the episode ends with success when the score reaches
+`success_threshold`, or is truncated after `max_turns` turns. An SVG that is refused or
+fails to render is an invalid action (reward 0, the reason in `invalid_actions`); the
+episode goes on.
 
 There is no object state, so the ground truth is the icon id, its description, the
 turn and the last score. Spatial world-model grading does not apply (`grading = None`);
 `grade_description` grades an `<observation>`/`<prediction>` by the words of the icon's
-description it names instead.
+description it names instead (see `grading.py`). The expert (`oracle.py`) answers with
+the target's own source.
 """
 
 from __future__ import annotations
@@ -35,33 +37,22 @@ from env_server.core import (
     Observation,
     Representation,
     ResponseFormat,
+    StatePrompt,
     Transition,
 )
-from env_server.core.env import StatePrompt
 from env_server.core.spatial import GradingSpec
 
 from .._feedback import Attempts, FeedbackConfig, feedback_observation
-from . import data
-from .render import InvalidSvg, Limits, render_svg
+from . import data, grading, oracle, render
+from .rasterize import InvalidSvg, Limits
 from .score import DEFAULT_WEIGHTS, DreamSimScorer, OfflineScorer, Scorer, dreamsim_dir
 
 ACTION = "svg"
-_EXAMPLE_DESCRIPTION = "yellow smiling face with two black eyes"  # the prompts' made-up icon
-_EXAMPLE_SVG = (
-    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 72 72">'
-    '<circle cx="36" cy="36" r="23" fill="#FCEA2B" stroke="#000" stroke-width="2"/>'
-    '<circle cx="30" cy="31" r="3"/><circle cx="42" cy="31" r="3"/></svg>'
-)
-_STOPWORDS = {"a", "an", "and", "the", "of", "with", "in", "on", "for", "to"}
 
 
 def _document_key(svg: str) -> str:
     """An SVG document with its layout whitespace folded, to tell a repeated answer."""
     return " ".join(re.sub(r">\s+<", "><", svg).split())
-
-
-def _words(text: str) -> set[str]:
-    return set(re.findall(r"[a-z0-9]+", text.lower())) - _STOPWORDS
 
 
 class SvgConfig(FeedbackConfig):
@@ -133,12 +124,10 @@ class Episode:
     target_svg: str
     target: np.ndarray
     prepared: Any  # the scorer's view of the target
-    turn: int = 0
     last_image: np.ndarray | None = None
     last_score: float | None = None
     last_error: str | None = None
     success: bool = False
-    done: bool = False
     attempts: Attempts = field(default_factory=Attempts)  # the answers, for unary feedback
 
 
@@ -148,7 +137,7 @@ class SvgEnv(Environment):
     description: ClassVar[str] = (
         "SVG reconstruction: write SVG code that reproduces a target icon (OpenMoji by default)."
     )
-    grading: ClassVar[GradingSpec | None] = None  # no object state: nothing to grade
+    grading: ClassVar[GradingSpec | None] = None  # no object state: grade_description instead
 
     config: SvgConfig
 
@@ -178,9 +167,8 @@ class SvgEnv(Environment):
             return f"cairosvg cannot be loaded ({exc}); install libcairo2 and pip install 'visenv[svg]'"
         return None
 
-    # ---- contract -------------------------------------------------------
-    @property
-    def action_space(self) -> ActionSpace:
+    @classmethod
+    def action_space_for(cls, config: EnvConfig) -> ActionSpace:
         return ActionSpace(
             kind=ActionKind.DOCUMENT,
             names=(ACTION,),
@@ -188,63 +176,57 @@ class SvgEnv(Environment):
             description="One complete SVG document (<svg ...>...</svg>) that reproduces the target image.",
         )
 
-    def reset(self, seed: int) -> Observation:
-        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-            raise EnvError(f"seed must be a non-negative integer, got {seed!r}")
-        rng = np.random.default_rng(int(seed))
+    # ---- episode --------------------------------------------------------
+    def _reset(self, seed: int) -> Observation:
+        rng = np.random.default_rng(seed)
         icon = self.icons[int(rng.integers(len(self.icons)))]
         target_svg = icon.source(self.config.max_svg_bytes)
         try:
-            target = self._render(target_svg)
+            target = self._picture(target_svg)
         except InvalidSvg as exc:
             raise EnvError(
                 f"target icon {icon.id!r} cannot be rendered: {exc}", code="INVALID_ARGUMENT"
             ) from exc
         self._ep = Episode(icon, target_svg, target, self.scorer.prepare(target))
-        return self._observation()
+        return self._observation(done=False)
 
-    def step(self, actions: list[Action]) -> Transition:
+    def _apply(self, actions: list[Action]) -> Transition:
         ep = self._episode()
-        if ep.done:
-            raise EnvError("the episode has ended; reset it first", code="FAILED_PRECONDITION")
-        ep.turn += 1
-        invalid: list[str] = []
         score: float | None = None
         parts: dict[str, float] = {}
         if not actions:
             error = "the answer holds no SVG document"
         else:
-            action, extra = actions[0], actions[1:]
-            invalid += [
-                f"{a.name}: only one SVG document per turn; this one was ignored" for a in extra
-            ]
+            action = actions[0]  # the base class cut the turn to one answer
             error = self._check_action(action)
             if error is None:
                 try:
-                    image = self._render(action.payload or "")
+                    image = self._picture(action.payload or "")
                 except InvalidSvg as exc:
                     error = str(exc)
                 else:
                     score, parts = self.scorer.score(image, ep.prepared)
                     ep.last_image = image
+        invalid: list[str] = []
         if error is not None:
             error = error.replace(IMAGE_PLACEHOLDER, "[image]")  # it may quote the agent's text
-            invalid.insert(0, f"{ACTION}: {error}")
+            invalid.append(f"{ACTION}: {error}")
             ep.last_image = None
         ep.last_score, ep.last_error = score, error
         ep.success = score is not None and score >= self.config.success_threshold
         payload = actions[0].payload if actions and error is None else None
+        # the answers allowed are max_turns (= max_attempts under unary feedback): the
+        # attempt's own truncation is the base class's max_turns truncation
         attempt = ep.attempts.record(
             self.config,
             key=_document_key(payload) if payload else None,
             correct=ep.success,
             base_reward=float(score or 0.0),
         )
-        ep.done = attempt.done
         if self.config.unary and not ep.success:
             observation = feedback_observation(self.config, self.ground_truth())
         else:
-            observation = self._observation()
+            observation = self._observation(done=attempt.done)
         return Transition(
             observation=observation,
             reward=attempt.reward,
@@ -256,12 +238,26 @@ class SvgEnv(Environment):
             info={"score": score, "score_parts": parts, "render_error": error, **attempt.info()},
         )
 
+    def _oracle(self) -> list[Action]:
+        return oracle.oracle_actions(self.action_space, self._episode().target_svg)
+
+    def render_answer(self, action: Action) -> np.ndarray | None:
+        """The agent's SVG rasterised as it would be scored (image_size x image_size RGB);
+        None when the answer is not an SVG document or is refused or fails to render."""
+        if self._check_action(action) is not None:
+            return None
+        try:
+            return self._picture(action.payload or "")
+        except InvalidSvg:
+            return None
+
+    # ---- ground truth and text -------------------------------------------
     def ground_truth(self) -> dict[str, Any]:
         ep = self._episode()
         return {
             "icon_id": ep.icon.id,
             "description": ep.icon.description,
-            "turn": ep.turn,
+            "turn": self.turn,
             "max_turns": self.config.max_turns,
             "last_score": None if ep.last_score is None else round(ep.last_score, 6),
             "last_error": ep.last_error,
@@ -303,15 +299,8 @@ class SvgEnv(Environment):
             "Each turn's reward is the similarity of your rendering to the target, from 0 (no "
             f"better than an empty canvas) to 1 (identical); a score of {self.config.success_threshold:g} "
             f"or more succeeds and ends the episode. You have {self.config.max_turns} turn(s).\n"
-            "Example answer:\n"
-            '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 72 72">'
-            '<circle cx="36" cy="36" r="23" fill="#FCEA2B" stroke="#000" stroke-width="2"/>'
-            '<circle cx="30" cy="31" r="3"/><circle cx="42" cy="31" r="3"/></svg>'
+            f"Example answer:\n{grading.EXAMPLE_SVG}"
         )
-
-    def oracle_actions(self) -> list[Action]:
-        ep = self._episode()
-        return [] if ep.done else [Action(name=ACTION, payload=ep.target_svg)]
 
     def _feedback_rule(self) -> str:
         cfg = self.config
@@ -330,52 +319,20 @@ class SvgEnv(Environment):
     def grade_description(
         self, text: str, truth: dict[str, Any], representation: Representation
     ) -> float:
-        """World-model grading for this env (used by reasoning/ instead of object grading).
-
-        There are no objects to locate, so an `<observation>` or `<prediction>` is graded by
-        the share of the icon description's words it names. An icon without a description
-        can't be graded: ValueError, which reasoning/ reports as `grading_error` (scores
-        None), rather than a 0 the agent did not earn.
-        """
-        wanted = _words(truth.get("description") or "")
-        if not wanted:
-            raise ValueError(f"icon {truth.get('icon_id')!r} has no description to grade against")
-        return len(wanted & _words(text)) / len(wanted)
+        """World-model grading for this env (used by reasoning/ instead of object grading):
+        the share of the icon description's words the text names (see `grading.py`)."""
+        return grading.grade_description(text, truth)
 
     def state_prompt(self, representation: Representation) -> StatePrompt:
         """Describe the picture (what `grade_description` rewards), with a made-up example."""
-        rep = Representation(representation)
-        state = {"icon_id": "example", "description": _EXAMPLE_DESCRIPTION}
-        texts = {
-            Representation.NATURAL: "The picture shows a yellow smiling face with two black eyes.",
-            Representation.SYMBOLIC: "face=yellow circle, smiling; eyes=two black dots",
-            Representation.STRUCTURED: json.dumps(
-                {"objects": ["face", "eyes"], "colours": ["yellow", "black"],
-                 "description": "smiling face with two eyes"}
-            ),
-        }
-        forms = {
-            Representation.NATURAL: "in a sentence",
-            Representation.SYMBOLIC: "as 'part=colour shape' entries separated by ';'",
-            Representation.STRUCTURED: 'as one JSON object with "objects", "colours" and '
-            '"description"',
-        }
-        instruction = (
-            "<observation> describes the target picture and <prediction> what your rendering "
-            f"will show, {forms[rep]}: name what it depicts, its parts, colours and shapes. "
-            "They are graded by how many words of the icon's own description they name."
-        )
-        text = texts[rep]
-        return StatePrompt(
-            instruction=instruction, reminder=f"{forms[rep]}, naming objects, colours, shapes",
-            before=state, after=state, answer=_EXAMPLE_SVG, observation=text, prediction=text,
-        )
+        return grading.state_prompt(representation)
 
     def snapshot(self) -> Any:
-        return copy.deepcopy(self._ep)
+        return {"episode": copy.deepcopy(self._ep), "turn": self.turn, "phase": self._phase}
 
     def restore(self, snapshot: Any) -> None:
-        self._ep = copy.deepcopy(snapshot)
+        self._ep = copy.deepcopy(snapshot["episode"])
+        self.turn, self._phase = snapshot["turn"], snapshot["phase"]
 
     # ---- helpers --------------------------------------------------------
     def _episode(self) -> Episode:
@@ -390,15 +347,14 @@ class SvgEnv(Environment):
             return "the answer holds no SVG document"
         return None
 
-    def _render(self, svg: str) -> np.ndarray:
-        size = self.config.image_size
-        return render_svg(svg, self.limits, size, size)
+    def _picture(self, svg: str) -> np.ndarray:
+        return render.picture(svg, self.limits, self.config.image_size)
 
-    def _observation(self) -> Observation:
+    def _observation(self, done: bool) -> Observation:
         ep = self._episode()
         text = f"Target image:\n{IMAGE_PLACEHOLDER}\n"
         images = [ep.target]
-        if ep.turn == 0:
+        if self.turn == 0:
             text += "Write one SVG document that reproduces the target image."
         else:
             if ep.last_score is not None:
@@ -409,9 +365,9 @@ class SvgEnv(Environment):
             else:
                 text += f"Your last SVG could not be rendered ({ep.last_error}); shown as an empty canvas:\n"
                 text += f"{IMAGE_PLACEHOLDER}\n"
-                images.append(np.full_like(ep.target, 255))
-            if not ep.done:
-                text += f"Turn {ep.turn + 1} of {self.config.max_turns}: revise your SVG."
+                images.append(render.empty_canvas(ep.target))
+            if not done:
+                text += f"Turn {self.turn + 1} of {self.config.max_turns}: revise your SVG."
         return Observation(
             text=text, images=images, ground_truth=self.ground_truth(), info={"icon_id": ep.icon.id}
         )

@@ -1,4 +1,4 @@
-"""The render child: `python -P .../render_worker.py MEMORY_MB` (started by `render.py`).
+"""The render child: `python -P .../render_worker.py MEMORY_MB` (started by `rasterize.py`).
 
 Reads requests from stdin and answers on stdout, one at a time, until stdin closes.
 Its address space is limited to what it uses after start-up plus MEMORY_MB, so a

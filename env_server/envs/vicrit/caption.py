@@ -4,8 +4,9 @@ A scene is a level of a ground-truth environment (sokoban, frozenlake) at a seed
 caption is a list of `Sentence`s written from the environment's ground truth: a template
 with slots ("The player is drawn as a small {} {}."), the words in each slot, and the set
 of slot-word combinations that are *true* of the scene. Truth sets are worked out from
-the environment's own structured description (`reasoning.grading.grading_state`) and
-its drawing conventions (colours and shapes of its tiles).
+the environment's own structured description (`describe(state, "structured")`, the
+truth `reasoning/` grades against) and its drawing conventions (colours and shapes of
+its tiles).
 
 Each slot belongs to an error category (object, attribute, count, spatial) or to none.
 `corrupt` replaces the words of one slot of the drawn category so that:
@@ -18,12 +19,14 @@ Each slot belongs to an error category (object, attribute, count, spatial) or to
 
 `verify` re-reads a caption *from its text* (the templates as regular expressions),
 checks every sentence against the truth sets, and cross-checks the positions and
-relations with the environment's own grader (`grade_structured` and `grade_natural`
-score the clean caption's claims 1.0 and a corrupted spatial claim below 1).
+relations with the rule-based readers the world-model reward grades with (`core.reading`:
+`score_items` on the positions and `grade_natural` on the relations score the clean
+caption's claims 1.0 and a corrupted spatial claim below 1).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from collections import Counter
@@ -35,15 +38,17 @@ from typing import Any, Literal
 import numpy as np
 
 from env_server.core.env import Environment
+from env_server.core.reading import grade_natural, score_items, state_items
 from env_server.core.spatial import (
     HORIZONTAL,
     SAME_COLUMN,
     SAME_ROW,
     VERTICAL,
     GradingSpec,
+    grid_relation,
     relation_phrase,
 )
-from env_server.reasoning import grading
+from env_server.core.types import Representation
 
 Category = Literal["object", "attribute", "count", "spatial"]
 CATEGORIES: tuple[Category, ...] = ("object", "attribute", "count", "spatial")
@@ -278,7 +283,7 @@ def _relation_sentences(scene: Scene, key: str) -> list[Sentence]:
     `core.spatial`'s words, which the environment's natural-language grader reads."""
     anchor = scene.cells(scene.spec.anchor)[0]
     cells = scene.cells(key)
-    axes = [grading.relation(anchor, cell, 0.0) for cell in cells]
+    axes = [grid_relation(anchor, cell) for cell in cells]
     truth = {(relation_phrase(*a),) for a in axes}
     article = "The" if len(cells) == 1 else "A"
     anchor_name = scene.spec.anchor
@@ -510,12 +515,10 @@ def verify(
     false = [i for i, s in enumerate(sentences) if not s.true]
     positions, relation_text = _graded_claims(scene, sentences)
     truth, spec = scene.truth, scene.spec
-    structured = grading.score_items(
-        grading.state_items(positions, spec),
-        grading.state_items({k: truth[k] for k in positions}, spec),
-        spec,
+    structured = score_items(
+        state_items(positions, spec), state_items({k: truth[k] for k in positions}, spec), spec
     )
-    natural = grading.grade_natural(relation_text, truth, spec) if relation_text else 1.0
+    natural = grade_natural(relation_text, truth, spec) if relation_text else 1.0
     if span is None:
         if false:
             raise CaptionError(f"false sentence(s) in a clean caption: {false}")
@@ -545,7 +548,7 @@ def make_scene(source: str, env: Environment, ground_truth: dict[str, Any], seed
         source=source,
         seed=seed,
         ground_truth=ground_truth,
-        truth=grading.grading_state(env, ground_truth),
-        spec=grading.grading_spec(env),
+        truth=json.loads(env.describe(ground_truth, Representation.STRUCTURED)),
+        spec=env.grading if env.grading is not None else GradingSpec(),
     )
 

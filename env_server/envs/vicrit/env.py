@@ -13,8 +13,9 @@ answer is followed by the bare phrase "Let's try again." and another attempt, up
 `max_attempts`, the reward decaying with the attempt and a repeated answer penalised.
 
 The ground truth is the caption, the span, its category and the true words ("original");
-world-model grading (`grade_description`) scores how many of the true words an
-`<observation>` or `<prediction>` names.
+world-model grading (`grade_description`, `grading.py`) scores how many of the true
+words an `<observation>` or `<prediction>` names. The oracle (`oracle.py`) answers with
+the span; `render.py` sizes the scene image.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from PIL import Image
 from pydantic import Field, ValidationInfo, field_validator
 
 from env_server.core import (
@@ -46,12 +46,11 @@ from env_server.core.spatial import GradingSpec
 
 from .._feedback import Attempts, FeedbackConfig, feedback_observation
 from . import caption as cap
-from . import data
+from . import data, grading, oracle, render
 
 ACTION = "span"
 Source = Literal["sokoban", "frozenlake"]
 SOURCES: tuple[Source, ...] = ("sokoban", "frozenlake")
-_STOPWORDS = {"a", "an", "and", "the", "of", "to", "in", "on", "is", "are", "with", "by"}
 
 # the made-up example of the prompts
 _EXAMPLE_CAPTION = (
@@ -121,7 +120,6 @@ class Episode:
     attempts: Attempts = field(default_factory=Attempts)
     answer: str | None = None  # the last answer, normalised
     success: bool = False
-    done: bool = False
 
 
 class VicritEnv(Environment):
@@ -141,9 +139,8 @@ class VicritEnv(Environment):
         self.rows = data.jsonl_rows(cfg.jsonl_path) if cfg.jsonl_path else None
         self._ep: Episode | None = None
 
-    # ---- contract -------------------------------------------------------
-    @property
-    def action_space(self) -> ActionSpace:
+    @classmethod
+    def action_space_for(cls, config: VicritConfig) -> ActionSpace:
         return ActionSpace(
             kind=ActionKind.DOCUMENT,
             names=(ACTION,),
@@ -151,16 +148,13 @@ class VicritEnv(Environment):
             description="The wrong span of the caption, word for word as it is written there.",
         )
 
-    def reset(self, seed: int) -> Observation:
-        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-            raise EnvError(f"seed must be a non-negative integer, got {seed!r}")
-        self._ep = Episode(self._item(int(seed)))
+    # ---- contract -------------------------------------------------------
+    def _reset(self, seed: int) -> Observation:
+        self._ep = Episode(self._item(seed))
         return self._observation()
 
-    def step(self, actions: list[Action]) -> Transition:
+    def _apply(self, actions: list[Action]) -> Transition:
         ep = self._episode()
-        if ep.done:
-            raise EnvError("the episode has ended; reset it first", code="FAILED_PRECONDITION")
         cfg = self.config
         answer, invalid = self._answer(actions)
         correct = answer is not None and cap.exact_match(answer, ep.item.span)
@@ -168,7 +162,7 @@ class VicritEnv(Environment):
         attempt = ep.attempts.record(
             cfg, key=key, correct=correct, base_reward=1.0 if correct else 0.0
         )
-        ep.answer, ep.success, ep.done = key, correct, attempt.done
+        ep.answer, ep.success = key, correct
         if cfg.unary and not correct:
             observation = feedback_observation(cfg, self.ground_truth())
         else:
@@ -177,7 +171,7 @@ class VicritEnv(Environment):
             observation=observation,
             reward=attempt.reward,
             terminated=correct,
-            truncated=attempt.truncated,
+            truncated=False,  # one answer per turn: the base class ends the last attempt
             success=correct,
             actions_executed=int(answer is not None),
             invalid_actions=invalid,
@@ -248,20 +242,15 @@ class VicritEnv(Environment):
             )
         return text
 
-    def oracle_actions(self) -> list[Action]:
-        ep = self._episode()
-        return [] if ep.done else [Action(name=ACTION, payload=ep.item.span)]
+    def _oracle(self) -> list[Action]:
+        return oracle.answer(self._episode().item, ACTION)
 
     def grade_description(
         self, text: str, truth: dict[str, Any], representation: Representation
     ) -> float:
         """World-model grading: the share of the true words (the span as the image has it)
-        that an `<observation>` or `<prediction>` names. A JSONL item without its true
-        words can't be graded: ValueError, reported as `grading_error`, never a 0."""
-        wanted = _words(truth.get("original") or "")
-        if not wanted:
-            raise ValueError("this item does not say what the image truly shows ('original')")
-        return len(wanted & _words(text)) / len(wanted)
+        that an `<observation>` or `<prediction>` names (`grading.grade`)."""
+        return grading.grade(text, truth)
 
     def state_prompt(self, representation: Representation) -> StatePrompt:
         rep = Representation(representation)
@@ -288,10 +277,11 @@ class VicritEnv(Environment):
         )
 
     def snapshot(self) -> Any:
-        return copy.deepcopy(self._ep)
+        # everything but the JSONL rows, which never change (and may be many)
+        return copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "rows"})
 
     def restore(self, snapshot: Any) -> None:
-        self._ep = copy.deepcopy(snapshot)
+        self.__dict__.update(copy.deepcopy(snapshot))
 
     # ---- helpers --------------------------------------------------------
     def _item(self, seed: int) -> data.Item:
@@ -313,28 +303,19 @@ class VicritEnv(Environment):
                 row=row.line,
             )
         assert item.image is not None
-        return replace(item, image=self._sized(item.image))
-
-    def _sized(self, image: np.ndarray) -> np.ndarray:
-        """The image scaled so that its longer side is `image_size` (pixel art stays sharp)."""
-        side = self.config.image_size
-        h, w = image.shape[:2]
-        if max(h, w) == side:
-            return image
-        scale = side / max(h, w)
-        size = (max(1, round(w * scale)), max(1, round(h * scale)))
-        return np.asarray(Image.fromarray(image).resize(size, Image.Resampling.NEAREST))
+        return replace(item, image=render.sized(item.image, cfg.image_size))
 
     def _answer(self, actions: list[Action]) -> tuple[str | None, list[str]]:
+        """The answer's span (at most one action: the base class cut the rest), or None
+        and why it is not one."""
         if not actions:
             return None, [f"{ACTION}: the answer holds no span"]
-        action, extra = actions[0], actions[1:]
-        invalid = [f"{a.name}: only one span per turn; this one was ignored" for a in extra]
+        (action,) = actions
         if self.action_space.lookup(action.name) is None:
-            return None, [f"{action.name}: unknown action; answer with the wrong span", *invalid]
+            return None, [f"{action.name}: unknown action; answer with the wrong span"]
         if not isinstance(action.payload, str) or not cap.normalize(action.payload):
-            return None, [f"{ACTION}: the answer holds no words", *invalid]
-        return action.payload, invalid
+            return None, [f"{ACTION}: the answer holds no words"]
+        return action.payload, []
 
     def _episode(self) -> Episode:
         if self._ep is None:
@@ -361,7 +342,3 @@ class VicritEnv(Environment):
             ground_truth=self.ground_truth(),
             info={"source": item.source},
         )
-
-
-def _words(text: str) -> set[str]:
-    return set(cap.tokens(text)) - _STOPWORDS

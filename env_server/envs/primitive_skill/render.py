@@ -1,0 +1,34 @@
+"""The observation image: the tabletop seen by a third-person camera.
+
+The camera of the paper's setup stands across the table from the robot and looks back at
+it; ManiSkill renders it through SAPIEN (any Vulkan device, Mesa lavapipe on CPU-only
+machines). `scene.py` mounts the camera; this module says where it is and turns a frame
+into the RGB array an observation carries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from mani_skill.sensors.camera import CameraConfig
+from mani_skill.utils import sapien_utils
+
+# the camera of the paper's setup: across the table from the robot, looking back at it
+CAMERA_EYE = (1.0, 0.0, 0.6)
+CAMERA_TARGET = (-0.2, 0.0, 0.2)
+CAMERA_FOV = 1.0  # radians
+
+
+def camera(image_size: int) -> CameraConfig:
+    """The render camera, square images of `image_size` pixels."""
+    pose = sapien_utils.look_at(eye=list(CAMERA_EYE), target=list(CAMERA_TARGET))
+    return CameraConfig("render_camera", pose, image_size, image_size, CAMERA_FOV, 0.01, 100)
+
+
+def to_rgb(frame: Any) -> np.ndarray:
+    """A rendered frame (tensor or array, batched or not) as one RGB uint8 image."""
+    if isinstance(frame, torch.Tensor):
+        frame = frame.cpu().numpy()
+    return np.ascontiguousarray(frame[0] if frame.ndim == 4 else frame, dtype=np.uint8)
