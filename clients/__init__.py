@@ -25,7 +25,7 @@ Clients (same methods; the sync one runs the async one on a background thread)
     Use as context managers (`with EnvClient(...)`, `async with AsyncEnvClient(...)`):
     leaving closes the client's sessions and connections.
 
-Data (frozen dataclasses)
+Data (the dataclasses of visenv.wire, which the server uses too; SessionReply adds `server`)
     SessionOptions(env, config={}, seed=0, format=None, representation=None,
                    reasoning={}, image_encoding=None)
     SessionReply(session_id, env, step_index, episode, turn, observation, reward,

@@ -1,12 +1,18 @@
 """Typed exceptions for every error a visenv server (or the way to it) can give.
 
 Every exception derives from `VisenvError` and carries the wire `code`, a `message` a
-person can act on, and the request `field` at fault when there is one. Server-side
-codes map one to one (docs/wire.md); two more are the client's own: `DEADLINE_EXCEEDED`
-(a call ran past its timeout) and `UNAVAILABLE` for a server that cannot be reached.
+person can act on, and the request `field` at fault when there is one. There is one class
+per wire code (`visenv.wire.ERROR_CODES`, docs/wire.md); `DEADLINE_EXCEEDED` (a call ran
+past its timeout) is the client's own, and `UNAVAILABLE` is also a server that cannot be
+reached.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from visenv.wire import Error
 
 
 class VisenvError(Exception):
@@ -99,6 +105,11 @@ def error_from_code(code: str, message: str, field: str | None = None) -> Visenv
     """The typed exception for a wire error code (unknown codes give a plain VisenvError)."""
     cls = ERRORS_BY_CODE.get(code, VisenvError)
     return cls(message, code=code, field=field)
+
+
+def error_from_wire(err: Error) -> VisenvError:
+    """The typed exception of a wire `Error` (a batch item's, or a whole call's)."""
+    return error_from_code(err.code, err.message, err.field)
 
 
 def _rebuild(code: str, message: str, field: str | None) -> VisenvError:

@@ -1,0 +1,2 @@
+"""The wire protocol, below both the server (env_server) and the SDK (clients): the code
+generated from proto/visenv/v1 (`visenv.v1`) and its Python types (`visenv.wire`)."""

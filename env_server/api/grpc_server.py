@@ -1,11 +1,12 @@
 """The gRPC servicer of visenv.v1: a thin adapter over `EnvService`.
 
 It turns proto messages into the service's request dicts and its replies back into
-proto messages; all session logic (validation, routing, step indices, limits) is the
-service's. Per-item errors travel inside `BatchResponse`; a failure of the whole call
-aborts with the matching gRPC status and the wire code in the trailing metadata key
-`visenv-code`. The standard health service (grpc.health.v1) and server reflection are
-served too; with a token, every call but health needs `authorization: Bearer <token>`.
+proto messages (with `visenv.wire`'s conversions); all session logic (validation,
+routing, step indices, limits) is the service's. Per-item errors travel inside
+`BatchResponse`; a failure of the whole call aborts with the matching gRPC status and the
+wire code in the trailing metadata key `visenv-code`. The standard health service
+(grpc.health.v1) and server reflection are served too; with a token, every call but
+health needs `authorization: Bearer <token>`.
 
     server = build_grpc_server(service, "127.0.0.1:50051", token=None)
     await server.start()          # server.port is the bound port (useful with port 0)
@@ -25,28 +26,16 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from env_server.service.models import EncodedImage, EnvSpec, ServiceError, SessionReply
+from env_server.service.models import ServiceError
 from env_server.service.service import EnvService
+from visenv import wire
 from visenv.v1 import visenv_pb2 as pb
 from visenv.v1 import visenv_pb2_grpc as pb_grpc
 
 log = logging.getLogger("visenv.grpc")
 
-CODE_METADATA_KEY = "visenv-code"
 MAX_SEND_BYTES = 256 * 1024 * 1024  # replies: large batches of images
 MIN_RECEIVE_BYTES = 64 * 1024 * 1024  # requests: many long responses (SVG documents)
-
-GRPC_STATUS: dict[str, grpc.StatusCode] = {
-    "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
-    "NOT_FOUND": grpc.StatusCode.NOT_FOUND,
-    "SESSION_LOST": grpc.StatusCode.DATA_LOSS,
-    "CAPACITY": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "PAYLOAD_TOO_LARGE": grpc.StatusCode.INVALID_ARGUMENT,
-    "FAILED_PRECONDITION": grpc.StatusCode.FAILED_PRECONDITION,
-    "UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
-    "UNAUTHENTICATED": grpc.StatusCode.UNAUTHENTICATED,
-    "INTERNAL": grpc.StatusCode.INTERNAL,
-}
 # calls that never need the token
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
 
@@ -54,29 +43,11 @@ OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
 # ---- proto -> service requests ------------------------------------------------------
 
 
-def _json_object(text: str, field: str) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ServiceError("INVALID_ARGUMENT", f"{field}: not valid JSON ({exc})", field) from None
-    if not isinstance(value, dict):
-        raise ServiceError("INVALID_ARGUMENT", f"{field}: must be a JSON object", field)
-    return value
-
-
 def options_item(o: pb.SessionOptions) -> dict[str, Any]:
-    item: dict[str, Any] = {
-        "env": o.env,
-        "config": _json_object(o.config_json, "config_json"),
-        "seed": o.seed,
-        "reasoning": _json_object(o.reasoning_json, "reasoning_json"),
-    }
-    for name in ("format", "representation", "image_encoding"):
-        if o.HasField(name):
-            item[name] = getattr(o, name)
-    return item
+    try:
+        return wire.SessionOptions.from_proto(o).to_json()
+    except wire.InvalidField as exc:
+        raise ServiceError("INVALID_ARGUMENT", str(exc), exc.field) from None
 
 
 def reset_item(r: pb.ResetItem) -> dict[str, Any]:
@@ -89,26 +60,10 @@ def reset_item(r: pb.ResetItem) -> dict[str, Any]:
 
 
 def step_item(s: pb.StepItem) -> dict[str, Any]:
-    item: dict[str, Any] = {"session_id": s.session_id, "step_index": s.step_index}
-    which = s.WhichOneof("input")
-    if which == "response":
-        item["response"] = s.response
-    elif which == "actions":
-        item["actions"] = [
-            {
-                "name": a.name,
-                "args": list(a.args),
-                "payload": a.payload if a.HasField("payload") else None,
-            }
-            for a in s.actions.actions
-        ]
-    else:
-        raise ServiceError(
-            "INVALID_ARGUMENT", "give exactly one of 'response' or 'actions'", "input"
-        )
-    if s.HasField("image_encoding"):
-        item["image_encoding"] = s.image_encoding
-    return item
+    try:
+        return wire.StepItem.from_proto(s).to_json()
+    except wire.InvalidField as exc:
+        raise ServiceError("INVALID_ARGUMENT", str(exc), exc.field) from None
 
 
 def fork_item(f: pb.ForkItem) -> dict[str, Any]:
@@ -116,87 +71,6 @@ def fork_item(f: pb.ForkItem) -> dict[str, Any]:
     if f.HasField("n"):
         item["n"] = f.n
     return item
-
-
-# ---- service replies -> proto --------------------------------------------------------
-
-
-def error_proto(err: ServiceError) -> pb.Error:
-    return pb.Error(code=err.code, message=err.message, field=err.field, error_id=err.error_id)
-
-
-def image_proto(im: EncodedImage) -> pb.Image:
-    return pb.Image(encoding=im.encoding, data=im.data, shape=list(im.shape))
-
-
-def reply_proto(r: SessionReply) -> pb.SessionReply:
-    out = pb.SessionReply()
-    fill_reply(out, r)
-    return out
-
-
-def fill_reply(out: pb.SessionReply, r: SessionReply) -> None:
-    """Write `r` into the (empty) message `out` in place (no copy of nested messages)."""
-    obs = r.observation
-    parts = r.reward_parts
-    out.session_id = r.session_id
-    out.env = r.env
-    out.step_index = r.step_index
-    out.episode = r.episode
-    out.turn = r.turn
-    o = out.observation
-    o.text = obs.text
-    for im in obs.images:
-        o.images.add(encoding=im.encoding, data=im.data, shape=im.shape)
-    o.ground_truth_json = json.dumps(obs.ground_truth)
-    o.info_json = json.dumps(obs.info)
-    out.reward = r.reward
-    p = out.reward_parts
-    p.env = parts.env
-    p.format = parts.format
-    p.observation = parts.observation
-    p.prediction = parts.prediction
-    p.penalty = parts.penalty
-    out.terminated = r.terminated
-    out.truncated = r.truncated
-    out.success = r.success
-    out.info_json = json.dumps(r.info)
-    out.system_prompt = r.system_prompt or ""
-
-
-def batch_proto(results: Sequence[SessionReply | ServiceError]) -> pb.BatchResponse:
-    out = pb.BatchResponse()
-    for r in results:
-        if isinstance(r, ServiceError):
-            out.results.add(error=error_proto(r))
-        else:
-            fill_reply(out.results.add().reply, r)
-    return out
-
-
-def fork_proto(results: Sequence[list[SessionReply] | ServiceError]) -> pb.ForkResponse:
-    out = pb.ForkResponse()
-    for r in results:
-        if isinstance(r, ServiceError):
-            out.results.add(error=error_proto(r))
-        else:
-            forks = out.results.add().forks
-            forks.SetInParent()
-            for reply in r:
-                fill_reply(forks.replies.add(), reply)
-    return out
-
-
-def env_proto(spec: EnvSpec) -> pb.EnvInfo:
-    return pb.EnvInfo(
-        name=spec.name,
-        description=spec.description,
-        available=spec.available,
-        unavailable_reason=spec.unavailable_reason or "",
-        config_schema_json=json.dumps(spec.config_schema),
-        action_space_json=json.dumps(spec.action_space),
-        enabled=spec.enabled,
-    )
 
 
 async def _per_item(
@@ -228,9 +102,9 @@ async def _per_item(
 
 async def _abort(context: grpc.aio.ServicerContext, code: str, message: str) -> None:
     await context.abort(
-        GRPC_STATUS.get(code, grpc.StatusCode.INTERNAL),
+        wire.GRPC_STATUS.get(code, grpc.StatusCode.INTERNAL),
         message,
-        trailing_metadata=((CODE_METADATA_KEY, code),),
+        trailing_metadata=((wire.CODE_METADATA_KEY, code),),
     )
 
 
@@ -262,49 +136,47 @@ class VisenvServicer(pb_grpc.VisenvServicer):
     async def ListEnvs(
         self, request: pb.ListEnvsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListEnvsResponse:
-        return pb.ListEnvsResponse(envs=[env_proto(s) for s in await self.service.list_envs()])
+        specs = await self.service.list_envs()
+        return pb.ListEnvsResponse(envs=[spec.to_proto() for spec in specs])
 
     @_guarded
     async def Create(
         self, request: pb.CreateRequest, context: grpc.aio.ServicerContext
     ) -> pb.BatchResponse:
-        return batch_proto(await _per_item(request.items, options_item, self.service.create))
+        return wire.batch_to_proto(
+            await _per_item(request.items, options_item, self.service.create)
+        )
 
     @_guarded
     async def Reset(
         self, request: pb.ResetRequest, context: grpc.aio.ServicerContext
     ) -> pb.BatchResponse:
-        return batch_proto(await _per_item(request.items, reset_item, self.service.reset))
+        return wire.batch_to_proto(await _per_item(request.items, reset_item, self.service.reset))
 
     @_guarded
     async def Step(
         self, request: pb.StepRequest, context: grpc.aio.ServicerContext
     ) -> pb.BatchResponse:
-        return batch_proto(await _per_item(request.items, step_item, self.service.step))
+        return wire.batch_to_proto(await _per_item(request.items, step_item, self.service.step))
 
     @_guarded
     async def Get(
         self, request: pb.GetRequest, context: grpc.aio.ServicerContext
     ) -> pb.BatchResponse:
-        return batch_proto(await self.service.get(list(request.session_ids)))
+        return wire.batch_to_proto(await self.service.get(list(request.session_ids)))
 
     @_guarded
     async def Close(
         self, request: pb.CloseRequest, context: grpc.aio.ServicerContext
     ) -> pb.CloseResponse:
-        out = pb.CloseResponse()
-        for err in await asyncio.shield(self.service.close(list(request.session_ids))):
-            if err is None:
-                out.results.add(ok=True)
-            else:
-                out.results.add(ok=False, error=error_proto(err))
-        return out
+        errors = await asyncio.shield(self.service.close(list(request.session_ids)))
+        return wire.close_to_proto(errors)
 
     @_guarded
     async def Fork(
         self, request: pb.ForkRequest, context: grpc.aio.ServicerContext
     ) -> pb.ForkResponse:
-        return fork_proto(await _per_item(request.items, fork_item, self.service.fork))
+        return wire.fork_to_proto(await _per_item(request.items, fork_item, self.service.fork))
 
     @_guarded
     async def Status(

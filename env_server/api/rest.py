@@ -27,42 +27,37 @@ from env_server.service.models import (
     BatchClose,
     BatchCreate,
     BatchFork,
-    BatchForkReplyDoc,
-    BatchReplyDoc,
     BatchReset,
     BatchStep,
-    CloseReplyDoc,
-    ErrorReplyDoc,
     ForkBody,
-    ForkReplyDoc,
     ResetBody,
     ServiceError,
     SessionOptions,
-    SessionReplyDoc,
     StepBody,
-    batch_item_json,
-    fork_item_json,
 )
 from env_server.service.service import EnvService
+from visenv import wire
 
 from .compat.common import PREFIX as COMPAT_PREFIX
 from .compat.common import presented_token
 
 log = logging.getLogger("visenv.rest")
 STATIC = Path(__file__).parent / "static"
+# the OpenAPI document's reply schemas are generated from the wire types (visenv.wire)
 ERRORS = {
-    status: {"model": ErrorReplyDoc} for status in (401, 404, 409, 410, 413, 422, 429, 500, 503)
+    status: {"model": wire.ErrorReply}
+    for status in sorted({c.http_status for c in wire.ERROR_CODES.values() if not c.client_only})
 }
-ONE = {"response_model": None, "responses": {200: {"model": SessionReplyDoc}, **ERRORS}}
-BATCH = {"response_model": None, "responses": {200: {"model": BatchReplyDoc}, **ERRORS}}
+
+
+def replies(model: Any) -> dict[str, Any]:
+    """A route's documented replies: `model` (a wire type) on 200, else an ErrorReply."""
+    return {"response_model": None, "responses": {200: {"model": model}, **ERRORS}}
+
+
+ONE = replies(wire.SessionReply)
+BATCH = replies(wire.BatchResponse)
 OPEN_PATHS = ("/health", "/play", "/static/", "/docs", "/openapi.json", "/favicon.ico")
-CODE_OF_STATUS = {
-    401: "UNAUTHENTICATED",
-    404: "NOT_FOUND",
-    405: "INVALID_ARGUMENT",
-    413: "PAYLOAD_TOO_LARGE",
-    422: "INVALID_ARGUMENT",
-}
 
 
 def error_response(error: ServiceError) -> JSONResponse:
@@ -250,10 +245,9 @@ def build_app(
                 ServiceError("INVALID_ARGUMENT", f"malformed request body: {exc.detail}")
             )
         fallback = "INTERNAL" if exc.status_code >= 500 else "INVALID_ARGUMENT"
-        code = CODE_OF_STATUS.get(exc.status_code, fallback)
+        code = wire.code_of_http(exc.status_code, fallback)
         return JSONResponse(
-            {"error": {"code": code, "message": str(exc.detail), "field": None}},
-            status_code=exc.status_code,
+            {"error": wire.Error(code, str(exc.detail)).to_json()}, status_code=exc.status_code
         )
 
     def one(result: Any) -> Response:
@@ -262,7 +256,7 @@ def build_app(
         return JSONResponse(result.to_json())
 
     def batch(results: list) -> JSONResponse:
-        return JSONResponse({"results": [batch_item_json(r) for r in results]})
+        return JSONResponse({"results": [wire.batch_item_json(r) for r in results]})
 
     @app.get("/health", tags=["server"])
     async def health() -> dict[str, Any]:
@@ -280,7 +274,7 @@ def build_app(
     async def root() -> RedirectResponse:
         return RedirectResponse("/play")
 
-    @app.get("/v1/envs", tags=["envs"])
+    @app.get("/v1/envs", tags=["envs"], **replies(wire.ListEnvsResponse))
     async def list_envs() -> JSONResponse:
         return JSONResponse({"envs": [spec.to_json() for spec in await service.list_envs()]})
 
@@ -307,8 +301,7 @@ def build_app(
         "/v1/sessions/{session_id}/fork",
         tags=["sessions"],
         summary="Fork a session: n new sessions in its exact state",
-        response_model=None,
-        responses={200: {"model": ForkReplyDoc}, **ERRORS},
+        **replies(wire.ForkedSessions),
     )
     async def fork(session_id: str, body: ForkBody | None = Body(None)) -> Response:
         body = body or ForkBody()
@@ -350,29 +343,16 @@ def build_app(
     @app.post(
         "/v1/batch/fork",
         tags=["batch"],
-        response_model=None,
-        responses={200: {"model": BatchForkReplyDoc}, **ERRORS},
+        **replies(wire.ForkResponse),
     )
     async def batch_fork(body: BatchFork) -> JSONResponse:
         results = await service.fork(body.items)
-        return JSONResponse({"results": [fork_item_json(r) for r in results]})
+        return JSONResponse({"results": [wire.fork_item_json(r) for r in results]})
 
-    @app.post(
-        "/v1/batch/close",
-        tags=["batch"],
-        response_model=None,
-        responses={200: {"model": CloseReplyDoc}, **ERRORS},
-    )
+    @app.post("/v1/batch/close", tags=["batch"], **replies(wire.CloseResponse))
     async def batch_close(body: BatchClose) -> JSONResponse:
         results = await service.close(body.session_ids)
-        return JSONResponse(
-            {
-                "results": [
-                    {"ok": True} if e is None else {"ok": False, "error": e.to_json()}
-                    for e in results
-                ]
-            }
-        )
+        return JSONResponse({"results": [wire.close_item_json(e) for e in results]})
 
     def openapi() -> dict[str, Any]:  # built on first use: routes added later are in it
         if not app.openapi_schema:

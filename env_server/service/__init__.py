@@ -1,7 +1,6 @@
 """Sessions, worker processes, limits, idle reaping and metrics (see service.py)."""
 
 from .models import (
-    EncodedImage,
     EnvSpec,
     ObservationReply,
     ResetItem,
@@ -15,7 +14,6 @@ from .service import EnvService
 from .settings import Settings
 
 __all__ = [
-    "EncodedImage",
     "EnvService",
     "EnvSpec",
     "ObservationReply",

@@ -28,58 +28,23 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from clients import errors as client_errors
-from clients import types as ct
-from clients.transport import GrpcTransport, Transport
-from clients.transport import StepItem as ClientStep
+from visenv import wire
 
-from .images import decode_image, encode_image
+from .images import encode_image
 from .metrics import Metrics
 from .models import (
-    EncodedImage,
     EnvSpec,
     ForkItem,
-    ObservationReply,
     ResetItem,
-    RewardParts,
     ServiceError,
     SessionOptions,
     SessionReply,
     StepItem,
 )
+from .upstream import Upstream, UpstreamDown
 
 Result = SessionReply | ServiceError
 log = logging.getLogger("visenv.gateway")
-
-
-def _error(exc: client_errors.VisenvError) -> ServiceError:
-    """An upstream's error as our own (a timeout is the upstream being unavailable)."""
-    code = "UNAVAILABLE" if exc.code == "DEADLINE_EXCEEDED" else exc.code
-    return ServiceError(code, exc.message, exc.field)
-
-
-def _reply(r: ct.SessionReply) -> SessionReply:
-    obs = r.observation
-    return SessionReply(
-        session_id=r.session_id,
-        env=r.env,
-        step_index=r.step_index,
-        episode=r.episode,
-        turn=r.turn,
-        observation=ObservationReply(
-            text=obs.text,
-            images=[EncodedImage(im.encoding, im.data, tuple(im.shape)) for im in obs.images],
-            ground_truth=obs.ground_truth,
-            info=obs.info,
-        ),
-        reward=r.reward,
-        reward_parts=RewardParts(**vars(r.reward_parts)),
-        terminated=r.terminated,
-        truncated=r.truncated,
-        success=r.success,
-        info=r.info,
-        system_prompt=r.system_prompt or None,
-    )
 
 
 def _validate(model: type[BaseModel], item: Any, index: int) -> BaseModel | ServiceError:
@@ -109,7 +74,7 @@ class GatewayService:
         self.refresh = refresh
         self.metrics = Metrics()
         self.env_specs: dict[str, EnvSpec] = {}
-        self._servers: dict[str, Transport] = {}  # address -> transport
+        self._servers: dict[str, Upstream] = {}  # address -> its gRPC service
         self._offers: dict[str, set[str]] = {}  # address -> envs it can run
         self._load: Counter[str] = Counter()  # address -> sessions placed there
         self._session_server: dict[str, str] = {}  # session id -> address
@@ -163,13 +128,11 @@ class GatewayService:
             for address in await self._resolve(name):
                 if address in self._offers:
                     continue
-                transport = self._servers.get(address) or GrpcTransport(
-                    address, self.token, self.timeout
-                )
-                self._servers[address] = transport
+                upstream = self._servers.get(address) or Upstream(address, self.token, self.timeout)
+                self._servers[address] = upstream
                 try:
-                    specs = await transport.list_envs()
-                except (client_errors.VisenvError, client_errors.ConnectionFailure):
+                    specs = await upstream.list_envs()
+                except (ServiceError, UpstreamDown):
                     continue  # not up yet: asked again at the next refresh
                 self._offers[address] = {s.name for s in specs if s.available and s.enabled}
                 for s in specs:
@@ -177,10 +140,7 @@ class GatewayService:
                         continue
                     known = self.env_specs.get(s.name)
                     if known is None or (s.available and not known.available):
-                        self.env_specs[s.name] = EnvSpec(
-                            s.name, s.description, s.available, s.unavailable_reason,
-                            s.config_schema, s.action_space,
-                        )  # fmt: skip
+                        self.env_specs[s.name] = s
 
     # ---- routing -----------------------------------------------------------------
     def _place(self, env: str) -> str | ServiceError:
@@ -240,21 +200,15 @@ class GatewayService:
             payload = [routed[i][1] for i in indices]
             try:
                 answers = await getattr(self._servers[address], call)(payload)
-            except client_errors.ConnectionFailure as exc:
+            except UpstreamDown as exc:
                 self._upstream_down(address)
                 code = "UNAVAILABLE" if call == "create" else "SESSION_LOST"
                 answers = [ServiceError(code, f"upstream {address} is unreachable: {exc}")] * len(
                     indices
                 )
-            except client_errors.VisenvError as exc:
-                answers = [_error(exc)] * len(indices)
+            except ServiceError as exc:
+                answers = [exc] * len(indices)
             for i, answer in zip(indices, answers, strict=True):
-                if isinstance(answer, client_errors.VisenvError):
-                    answer = _error(answer)
-                elif isinstance(answer, ct.SessionReply):
-                    answer = _reply(answer)
-                elif isinstance(answer, list):  # a fork item's replies
-                    answer = [_reply(r) for r in answer]
                 results[i] = answer
 
         await asyncio.gather(*(one(a, idx) for a, idx in groups.items()))
@@ -274,7 +228,7 @@ class GatewayService:
             where = self._place(options.env)
             if not isinstance(where, ServiceError):
                 self._load[where] += 1  # counted now so one batch spreads out
-            routed.append((where, ct.SessionOptions(**options.model_dump(mode="json"))))
+            routed.append((where, wire.SessionOptions(**options.model_dump(mode="json"))))
         results = await self._fan_out(routed, "create")
         for (where, _), result in zip(routed, results, strict=True):
             if isinstance(where, ServiceError):
@@ -292,7 +246,8 @@ class GatewayService:
             if isinstance(req, ServiceError):
                 routed.append((req, None))
             else:
-                routed.append((self._server_of(req.session_id), (req.session_id, req.seed)))
+                item = (req.session_id, req.seed, req.image_encoding)
+                routed.append((self._server_of(req.session_id), item))
         return await self._checked(await self._fan_out(routed, "reset"), routed)
 
     async def step(self, items: Sequence[StepItem | dict]) -> list[Result]:
@@ -304,8 +259,12 @@ class GatewayService:
                 continue
             actions = None
             if req.actions is not None:
-                actions = tuple(ct.ActionSpec(a.name, tuple(a.args), a.payload) for a in req.actions)
-            step = ClientStep(req.session_id, req.step_index, req.response, actions)
+                actions = tuple(
+                    wire.ActionSpec(a.name, tuple(a.args), a.payload) for a in req.actions
+                )
+            step = wire.StepItem(
+                req.session_id, req.step_index, req.response, actions, req.image_encoding
+            )
             routed.append((self._server_of(req.session_id), step))
         return await self._checked(await self._fan_out(routed, "step"), routed)
 
@@ -362,7 +321,7 @@ class GatewayService:
         image = result.observation.images[0]
         if image.encoding == "png":
             return image.data
-        return encode_image(decode_image(image), "png").data
+        return encode_image(image.to_array(), "png").data
 
     async def health(self) -> dict[str, Any]:
         return {

@@ -15,7 +15,7 @@ from collections import OrderedDict
 import numpy as np
 from PIL import Image
 
-from .models import EncodedImage
+from visenv import wire
 
 try:
     import cv2
@@ -45,42 +45,40 @@ def _check(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def encode_image(array: np.ndarray, encoding: str = "png") -> EncodedImage:
+def encode_image(array: np.ndarray, encoding: str = "png") -> wire.Image:
     """Encode one RGB uint8 (H, W, 3) array."""
     array = _check(array)
     shape = (int(array.shape[0]), int(array.shape[1]), 3)
     if encoding == "raw":
-        return EncodedImage("raw", array.tobytes(), shape)
+        return wire.Image("raw", array.tobytes(), shape)
     if encoding not in ("png", "jpeg"):
         raise ValueError(f"unknown image encoding {encoding!r}; use png, jpeg or raw")
     if cv2 is not None:
         ok, buf = cv2.imencode(_CV2_EXT[encoding], array[:, :, ::-1], _CV2_PARAMS[encoding])
         if not ok:
             raise ValueError(f"OpenCV could not encode a {shape} image as {encoding}")
-        return EncodedImage(encoding, buf.tobytes(), shape)
+        return wire.Image(encoding, buf.tobytes(), shape)
     buf = io.BytesIO()
     image = Image.fromarray(array, "RGB")
     if encoding == "png":
         image.save(buf, format="PNG", compress_level=PNG_COMPRESS_LEVEL)
     else:
         image.save(buf, format="JPEG", quality=JPEG_QUALITY)
-    return EncodedImage(encoding, buf.getvalue(), shape)
+    return wire.Image(encoding, buf.getvalue(), shape)
 
 
-def decode_image(image: EncodedImage) -> np.ndarray:
-    """The RGB array back from an EncodedImage (for tests and clients)."""
-    if image.encoding == "raw":
-        return np.frombuffer(image.data, dtype=np.uint8).reshape(image.shape)
-    return np.asarray(Image.open(io.BytesIO(image.data)).convert("RGB"))
+def decode_image(image: wire.Image) -> np.ndarray:
+    """The RGB array back from an encoded image (for tests)."""
+    return image.to_array()
 
 
 # encodings of recent frames, shared by the sessions of this process: states recur (a
 # player walking back and forth, sessions of one level), a digest costs ~10 us
 SHARED_FRAMES = 1024
-_shared: OrderedDict[tuple[str, tuple[int, ...], bytes], EncodedImage] = OrderedDict()
+_shared: OrderedDict[tuple[str, tuple[int, ...], bytes], wire.Image] = OrderedDict()
 
 
-def _encode_shared(array: np.ndarray, encoding: str) -> EncodedImage:
+def _encode_shared(array: np.ndarray, encoding: str) -> wire.Image:
     """`encode_image`, re-using the encoding of an identical recent frame (same bytes)."""
     if encoding == "raw":
         return encode_image(array, encoding)
@@ -102,10 +100,10 @@ class ImageCache:
     into a wall leaves the frame as it was): a comparison costs ~3 us, an encoding ~120."""
 
     def __init__(self) -> None:
-        self._last: list[tuple[str, np.ndarray, EncodedImage]] = []
+        self._last: list[tuple[str, np.ndarray, wire.Image]] = []
 
-    def encode(self, images: list[np.ndarray], encoding: str) -> list[EncodedImage]:
-        out: list[EncodedImage] = []
+    def encode(self, images: list[np.ndarray], encoding: str) -> list[wire.Image]:
+        out: list[wire.Image] = []
         for i, array in enumerate(images):
             if i < len(self._last):
                 enc, prev, encoded = self._last[i]

@@ -1,37 +1,31 @@
-"""Request models (pydantic, validated at the boundary) and reply types (dataclasses).
+"""Request models (pydantic, validated at the boundary) and the server's error.
 
 Requests follow docs/wire.md; REST uses these models directly as bodies and gRPC
-builds them from its messages. Replies are plain dataclasses made in the worker
-processes: `SessionReply` (with images as `EncodedImage` bytes) or `ServiceError`.
-`to_json()` gives the JSON shape of docs/wire.md (images base64-encoded).
+builds them from its messages. Replies are the wire types of `visenv.wire` (made in the
+worker processes): a `SessionReply`, or a `ServiceError` (the error codes, their
+statuses and the JSON/proto forms are `visenv.wire`'s as well).
 """
 
 from __future__ import annotations
 
-import base64
 import logging
 import secrets
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from env_server.core.types import Representation, ResponseFormat
+from visenv.wire import (
+    EnvSpec,
+    Error,
+    ImageEncoding,
+    Observation,
+    RewardParts,
+    SessionReply,
+)
 
-ImageEncoding = Literal["png", "jpeg", "raw"]
-
-# HTTP status of each wire error code (docs/wire.md, "Errors")
-HTTP_STATUS: dict[str, int] = {
-    "INVALID_ARGUMENT": 422,
-    "NOT_FOUND": 404,
-    "SESSION_LOST": 410,
-    "CAPACITY": 429,
-    "PAYLOAD_TOO_LARGE": 413,
-    "FAILED_PRECONDITION": 409,
-    "UNAVAILABLE": 503,
-    "UNAUTHENTICATED": 401,
-    "INTERNAL": 500,
-}
+# the name the worker builds replies with (the same class)
+ObservationReply = Observation
 
 
 # ---------------------------------------------------------------------------- requests
@@ -158,13 +152,10 @@ class ServiceError(Exception):
 
     @property
     def http_status(self) -> int:
-        return HTTP_STATUS.get(self.code, 500)
+        return Error.of(self).http_status
 
     def to_json(self) -> dict[str, Any]:
-        out = {"code": self.code, "message": self.message, "field": self.field}
-        if self.error_id is not None:
-            out["error_id"] = self.error_id
-        return out
+        return Error.of(self).to_json()
 
     @classmethod
     def internal(cls, exc: BaseException, where: str, logger: logging.Logger) -> ServiceError:
@@ -197,225 +188,9 @@ def _rebuild_error(code: str, message: str, field: str | None, error_id: str | N
     return error
 
 
-@dataclass
-class EncodedImage:
-    encoding: str  # png | jpeg | raw (H*W*3 uint8 RGB bytes, row-major)
-    data: bytes
-    shape: tuple[int, int, int]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "encoding": self.encoding,
-            "data": base64.b64encode(self.data).decode("ascii"),
-            "shape": list(self.shape),
-        }
-
-
-@dataclass
-class ObservationReply:
-    text: str
-    images: list[EncodedImage]
-    ground_truth: dict[str, Any]
-    info: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "text": self.text,
-            "images": [im.to_json() for im in self.images],
-            "ground_truth": self.ground_truth,
-            "info": self.info,
-        }
-
-
-@dataclass
-class RewardParts:
-    env: float = 0.0
-    format: float = 0.0
-    observation: float = 0.0
-    prediction: float = 0.0
-    penalty: float = 0.0
-
-    @property
-    def total(self) -> float:
-        return self.env + self.format + self.observation + self.prediction + self.penalty
-
-    def to_json(self) -> dict[str, float]:
-        return {
-            "env": self.env,
-            "format": self.format,
-            "observation": self.observation,
-            "prediction": self.prediction,
-            "penalty": self.penalty,
-        }
-
-
-@dataclass
-class SessionReply:
-    """docs/wire.md's SessionReply. `info` is StepInfo (empty on create/reset)."""
-
-    session_id: str
-    env: str
-    step_index: int  # steps applied since the last reset = the index the next step carries
-    episode: int  # 0 for the first episode, +1 on every reset
-    turn: int  # turns taken in this episode (equals step_index)
-    observation: ObservationReply
-    reward: float
-    reward_parts: RewardParts
-    terminated: bool
-    truncated: bool
-    success: bool
-    info: dict[str, Any]
-    system_prompt: str | None = None  # create/reset replies only
-
-    def to_json(self) -> dict[str, Any]:
-        out = {
-            "session_id": self.session_id,
-            "env": self.env,
-            "step_index": self.step_index,
-            "episode": self.episode,
-            "turn": self.turn,
-            "observation": self.observation.to_json(),
-            "reward": self.reward,
-            "reward_parts": self.reward_parts.to_json(),
-            "terminated": self.terminated,
-            "truncated": self.truncated,
-            "success": self.success,
-            "info": self.info,
-        }
-        if self.system_prompt is not None:
-            out["system_prompt"] = self.system_prompt
-        return out
-
-
-@dataclass
-class EnvSpec:
-    """One entry of list_envs()."""
-
-    name: str
-    description: str
-    available: bool
-    unavailable_reason: str | None
-    config_schema: dict[str, Any]
-    action_space: dict[str, Any] | None
-    enabled: bool = True
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "available": self.available,
-            "unavailable_reason": self.unavailable_reason,
-            "config_schema": self.config_schema,
-            "action_space": self.action_space,
-            "enabled": self.enabled,
-        }
-
-
-BatchResult = SessionReply | ServiceError
-
-
-def batch_item_json(result: BatchResult) -> dict[str, Any]:
-    """docs/wire.md's BatchItem."""
-    if isinstance(result, ServiceError):
-        return {"ok": False, "error": result.to_json()}
-    return {"ok": True, "reply": result.to_json()}
-
-
-ForkResult = list[SessionReply] | ServiceError
-
-
-def fork_item_json(result: ForkResult) -> dict[str, Any]:
-    """One item of a batch fork: the forks' replies, or the error that refused it whole."""
-    if isinstance(result, ServiceError):
-        return {"ok": False, "error": result.to_json()}
-    return {"ok": True, "replies": [r.to_json() for r in result]}
-
-
-# ---------------------------------------------------------------------------- reply docs
-# Pydantic mirrors of the JSON replies, for the OpenAPI page only (replies are built from
-# the dataclasses above without validation: they are the hot path).
-class ImageDoc(BaseModel):
-    encoding: ImageEncoding
-    data: str = Field(description="base64 of the PNG/JPEG file, or of the raw H*W*3 RGB bytes")
-    shape: list[int] = Field(description="[height, width, 3]")
-
-
-class ObservationDoc(BaseModel):
-    text: str = Field(description="one '<image>' placeholder per image, in order")
-    images: list[ImageDoc]
-    ground_truth: dict[str, Any]
-    info: dict[str, Any]
-
-
-class RewardPartsDoc(BaseModel):
-    env: float
-    format: float
-    observation: float
-    prediction: float
-    penalty: float
-
-
-class SessionReplyDoc(BaseModel):
-    session_id: str
-    env: str
-    step_index: int = Field(description="steps applied since the last reset: the next step's index")
-    episode: int
-    turn: int
-    observation: ObservationDoc
-    reward: float = Field(description="the sum of reward_parts")
-    reward_parts: RewardPartsDoc
-    terminated: bool
-    truncated: bool
-    success: bool
-    info: dict[str, Any] = Field(
-        description="StepInfo: action_valid, actions_executed, actions, invalid_actions, "
-        "parse_error, observation_score, prediction_score, judge_error, env extras"
-    )
-    system_prompt: str | None = Field(None, description="create/reset replies only")
-
-
-class ErrorDoc(BaseModel):
-    code: str
-    message: str
-    field: str | None
-    error_id: str | None = Field(None, description="INTERNAL only: the id in the server log")
-
-
-class ErrorReplyDoc(BaseModel):
-    error: ErrorDoc
-
-
-class BatchItemDoc(BaseModel):
-    ok: bool
-    reply: SessionReplyDoc | None = None
-    error: ErrorDoc | None = None
-
-
-class BatchReplyDoc(BaseModel):
-    results: list[BatchItemDoc]
-
-
-class ForkReplyDoc(BaseModel):
-    replies: list[SessionReplyDoc] = Field(
-        description="one per fork: the source's last reply under the fork's session_id; "
-        "info.fork = {source, exact, tolerance}"
-    )
-
-
-class ForkItemDoc(BaseModel):
-    ok: bool
-    replies: list[SessionReplyDoc] | None = None
-    error: ErrorDoc | None = None
-
-
-class BatchForkReplyDoc(BaseModel):
-    results: list[ForkItemDoc]
-
-
-class CloseItemDoc(BaseModel):
-    ok: bool
-    error: ErrorDoc | None = None
-
-
-class CloseReplyDoc(BaseModel):
-    results: list[CloseItemDoc]
+__all__ = [
+    "MAX_FORKS", "ActionModel", "BatchClose", "BatchCreate", "BatchFork", "BatchReset",
+    "BatchStep", "EnvSpec", "ForkBody", "ForkItem", "ImageEncoding", "ObservationReply",
+    "ResetBody", "ResetItem", "RewardParts", "ServiceError", "SessionOptions", "SessionReply",
+    "StepBody", "StepItem",
+]  # fmt: skip

@@ -18,10 +18,10 @@ import time
 
 import httpx
 import pytest
-from tests.conftest import launch_servers
 from PIL import Image
 
 from env_server.core import Representation, registry
+from tests.conftest import launch_servers
 
 TOKEN = "compat-secret"
 PNG = b"\x89PNG\r\n\x1a\n"

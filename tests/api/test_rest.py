@@ -49,7 +49,7 @@ def test_health_envs_docs_play_metrics(visenv_server):
         assert c.get("/docs").status_code == 200
         openapi = c.get("/openapi.json").json()
         assert "/v1/batch/step" in openapi["paths"]
-        assert "reward_parts" in openapi["components"]["schemas"]["SessionReplyDoc"]["properties"]
+        assert "reward_parts" in openapi["components"]["schemas"]["SessionReply"]["properties"]
         play = c.get("/play")
         assert play.status_code == 200 and "play.js" in play.text
         assert c.get("/static/play.js").status_code == 200

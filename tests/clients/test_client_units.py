@@ -20,7 +20,8 @@ from clients import (
     VisenvError,
 )
 from clients.errors import error_from_code
-from clients.transport import GrpcTransport, HttpTransport, make_transport, reply_from_proto
+from clients.transport import GrpcTransport, HttpTransport, make_transport
+from clients.types import SessionReply
 from visenv.v1 import visenv_pb2 as pb
 
 
@@ -72,7 +73,7 @@ def test_reply_from_proto_keeps_json_types():
     msg.observation.images.add(encoding="raw", data=b"\0" * 12, shape=[2, 2, 3])
     msg.observation.ground_truth_json = '{"player": [1, 2]}'
     msg.info_json = '{"action_valid": true}'
-    reply = reply_from_proto(msg, "h:1")
+    reply = SessionReply.from_proto(msg, server="h:1")
     assert reply.observation.ground_truth == {"player": [1, 2]}
     assert isinstance(reply.observation.ground_truth["player"][0], int)
     assert reply.info["action_valid"] is True and reply.server == "h:1" and not reply.done

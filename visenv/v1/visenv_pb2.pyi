@@ -1,10 +1,47 @@
+from google.protobuf import descriptor_pb2 as _descriptor_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_CODE_UNSPECIFIED: _ClassVar[ErrorCode]
+    INVALID_ARGUMENT: _ClassVar[ErrorCode]
+    NOT_FOUND: _ClassVar[ErrorCode]
+    SESSION_LOST: _ClassVar[ErrorCode]
+    CAPACITY: _ClassVar[ErrorCode]
+    PAYLOAD_TOO_LARGE: _ClassVar[ErrorCode]
+    FAILED_PRECONDITION: _ClassVar[ErrorCode]
+    UNAVAILABLE: _ClassVar[ErrorCode]
+    UNAUTHENTICATED: _ClassVar[ErrorCode]
+    INTERNAL: _ClassVar[ErrorCode]
+    DEADLINE_EXCEEDED: _ClassVar[ErrorCode]
+ERROR_CODE_UNSPECIFIED: ErrorCode
+INVALID_ARGUMENT: ErrorCode
+NOT_FOUND: ErrorCode
+SESSION_LOST: ErrorCode
+CAPACITY: ErrorCode
+PAYLOAD_TOO_LARGE: ErrorCode
+FAILED_PRECONDITION: ErrorCode
+UNAVAILABLE: ErrorCode
+UNAUTHENTICATED: ErrorCode
+INTERNAL: ErrorCode
+DEADLINE_EXCEEDED: ErrorCode
+HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
+http_status: _descriptor.FieldDescriptor
+GRPC_STATUS_FIELD_NUMBER: _ClassVar[int]
+grpc_status: _descriptor.FieldDescriptor
+ALSO_HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
+also_http_status: _descriptor.FieldDescriptor
+ALSO_GRPC_STATUS_FIELD_NUMBER: _ClassVar[int]
+also_grpc_status: _descriptor.FieldDescriptor
+CLIENT_ONLY_FIELD_NUMBER: _ClassVar[int]
+client_only: _descriptor.FieldDescriptor
 
 class Image(_message.Message):
     __slots__ = ("encoding", "data", "shape")

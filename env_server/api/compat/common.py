@@ -64,7 +64,7 @@ class Binding:
 
     def update(self, reply: SessionReply) -> None:
         self.step_index = reply.step_index
-        if reply.system_prompt is not None:
+        if reply.system_prompt:  # create/reset replies only
             self.system_prompt = reply.system_prompt
         self.last_used = time.monotonic()
 

@@ -1,0 +1,830 @@
+"""The wire protocol's types, once: error codes, replies, requests, and their JSON and
+proto forms (docs/wire.md; proto/visenv/v1/visenv.proto is the source).
+
+Both the server (env_server/) and the SDK (clients/) import this module; it imports
+neither of them (nor trainer/): only the code generated from the .proto.
+
+- Error codes: `ERROR_CODES`, read from the proto enum `ErrorCode` and its options, and
+  the maps derived from it: `HTTP_STATUS`, `GRPC_STATUS`, `code_of_http`, `code_of_grpc`.
+- Replies: `SessionReply` (`Observation`, `Image`, `RewardParts`), `EnvSpec`, `Error`.
+- Requests built by clients and read by the gRPC server: `SessionOptions`, `StepItem`
+  (`ActionSpec`).
+- Each has `to_json` / `from_json` (docs/wire.md's JSON, images as base64) and
+  `to_proto` / `from_proto` (free-form JSON objects as text in `*_json` fields).
+- The JSON envelopes of the batch calls (`BatchItem`, `BatchResponse`, ...) are declared
+  as TypedDicts: with the dataclasses they are what the OpenAPI document's schemas are
+  generated from (pydantic reads them; descriptions are the attributes' docstrings).
+
+Replies are plain dataclasses, built without validation (they are the hot path).
+`SessionReply`, `RewardParts` and `EnvSpec` are mutable: the server fills in a step's
+reward parts as grading finishes.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, NotRequired, Protocol, TypeVar
+
+import grpc
+import numpy as np
+from typing_extensions import TypedDict  # pydantic reads typing's only from Python 3.12
+
+from visenv.v1 import visenv_pb2 as pb
+
+# how pydantic reads these dataclasses for FastAPI's OpenAPI document: descriptions from
+# the attributes' docstrings, bytes as base64 strings (schemas only: to_json writes the JSON)
+_SCHEMA: dict[str, Any] = {"use_attribute_docstrings": True, "ser_json_bytes": "base64"}
+
+# ---------------------------------------------------------------------------- error codes
+
+# trailing metadata key of a whole-call gRPC error: its wire code
+CODE_METADATA_KEY = "visenv-code"
+
+
+@dataclass(frozen=True)
+class ErrorCode:
+    """One wire error code and how it travels (the options of proto's `ErrorCode`)."""
+
+    name: str
+    http_status: int
+    grpc_status: grpc.StatusCode
+    also_http_status: tuple[int, ...] = ()  # also read as this code when they come bare
+    also_grpc_status: tuple[grpc.StatusCode, ...] = ()
+    client_only: bool = False  # the client's own (DEADLINE_EXCEEDED): no server answers it
+
+
+def _read_error_codes() -> dict[str, ErrorCode]:
+    codes = {}
+    for value in pb.DESCRIPTOR.enum_types_by_name["ErrorCode"].values:
+        if value.number == 0:
+            continue
+        ext = value.GetOptions().Extensions
+        codes[value.name] = ErrorCode(
+            name=value.name,
+            http_status=ext[pb.http_status],
+            grpc_status=grpc.StatusCode[ext[pb.grpc_status]],
+            also_http_status=tuple(ext[pb.also_http_status]),
+            also_grpc_status=tuple(grpc.StatusCode[s] for s in ext[pb.also_grpc_status]),
+            client_only=ext[pb.client_only],
+        )
+    return codes
+
+
+ERROR_CODES: dict[str, ErrorCode] = _read_error_codes()
+HTTP_STATUS: dict[str, int] = {c.name: c.http_status for c in ERROR_CODES.values()}
+GRPC_STATUS: dict[str, grpc.StatusCode] = {c.name: c.grpc_status for c in ERROR_CODES.values()}
+
+
+def _status_to_code(primary: dict[str, Any], also: dict[str, tuple]) -> dict[Any, str]:
+    """A status -> code map: a status shared by codes reads as the first of them (gRPC's
+    INVALID_ARGUMENT is INVALID_ARGUMENT, not PAYLOAD_TOO_LARGE); an `also_*` status wins."""
+    out: dict[Any, str] = {}
+    for name, status in primary.items():
+        out.setdefault(status, name)
+    for name, statuses in also.items():
+        out.update(dict.fromkeys(statuses, name))
+    return out
+
+
+_CODE_OF_HTTP = _status_to_code(
+    HTTP_STATUS, {c.name: c.also_http_status for c in ERROR_CODES.values()}
+)
+_CODE_OF_GRPC = _status_to_code(
+    GRPC_STATUS, {c.name: c.also_grpc_status for c in ERROR_CODES.values()}
+)
+
+
+def code_of_http(status: int, default: str = "INTERNAL") -> str:
+    """The wire code of an HTTP status that came without a structured error body."""
+    return _CODE_OF_HTTP.get(status, default)
+
+
+def code_of_grpc(status: grpc.StatusCode, default: str = "INTERNAL") -> str:
+    """The wire code of a gRPC status that came without `visenv-code` metadata (from grpc
+    itself or a proxy: e.g. a bare RESOURCE_EXHAUSTED is grpc's message size limit)."""
+    return _CODE_OF_GRPC.get(status, default)
+
+
+def rpc_error_code(exc: grpc.aio.AioRpcError) -> str | None:
+    """The wire code a visenv servicer put in a whole-call error's trailing metadata;
+    None when the error came from grpc itself or something on the way."""
+    code = dict(exc.trailing_metadata() or ()).get(CODE_METADATA_KEY)
+    return None if code is None else str(code)
+
+
+class _ErrorLike(Protocol):
+    code: str
+    message: str
+    field: str | None
+
+
+@dataclass
+class Error:
+    """A structured error: what fails one batch item, or a whole call."""
+
+    __pydantic_config__ = _SCHEMA
+
+    code: str
+    """A wire error code (an `ErrorCode` name: INVALID_ARGUMENT, NOT_FOUND, SESSION_LOST, ...)."""
+    message: str
+    """What went wrong, in words a person can act on."""
+    field: str | None = None
+    """The request field at fault, when there is one."""
+    error_id: str | None = None
+    """INTERNAL only: the id under which the server logged the traceback."""
+
+    @classmethod
+    def of(cls, err: _ErrorLike) -> Error:
+        """The wire form of an exception with `code`, `message`, `field` (and `error_id`)."""
+        if isinstance(err, Error):
+            return err
+        return cls(err.code, err.message, err.field, getattr(err, "error_id", None))
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS.get(self.code, 500)
+
+    @property
+    def grpc_status(self) -> grpc.StatusCode:
+        return GRPC_STATUS.get(self.code, grpc.StatusCode.INTERNAL)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"code": self.code, "message": self.message, "field": self.field}
+        if self.error_id is not None:
+            out["error_id"] = self.error_id
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Error:
+        return cls(
+            str(data.get("code") or "INTERNAL"),
+            str(data.get("message", "")),
+            data.get("field"),
+            data.get("error_id"),
+        )
+
+    def to_proto(self) -> pb.Error:
+        return pb.Error(
+            code=self.code, message=self.message, field=self.field, error_id=self.error_id
+        )
+
+    @classmethod
+    def from_proto(cls, msg: pb.Error) -> Error:
+        return cls(
+            msg.code or "INTERNAL",
+            msg.message,
+            msg.field if msg.HasField("field") else None,
+            msg.error_id if msg.HasField("error_id") else None,
+        )
+
+
+class InvalidField(ValueError):
+    """A request field that can't be read (malformed JSON in a `*_json` field, no input):
+    the server answers INVALID_ARGUMENT naming `field`."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _json_object(text: str, field: str) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidField(field, f"{field}: not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise InvalidField(field, f"{field}: must be a JSON object")
+    return value
+
+
+# ---------------------------------------------------------------------------- replies
+
+ImageEncoding = Literal["png", "jpeg", "raw"]
+
+
+@dataclass(frozen=True)
+class Image:
+    """One image as it travels: the encoded bytes, their encoding, and the image's shape.
+    `to_array()` decodes it."""
+
+    __pydantic_config__ = _SCHEMA
+
+    encoding: ImageEncoding
+    """png, jpeg, or raw (the H*W*3 uint8 RGB bytes, row-major)."""
+    data: bytes
+    """The PNG/JPEG file or the raw bytes: base64 in JSON, bytes in gRPC."""
+    shape: tuple[int, ...]
+    """[height, width, 3]"""
+
+    def to_array(self) -> np.ndarray:
+        """The image as an (H, W, 3) uint8 RGB array."""
+        if self.encoding == "raw":
+            return np.frombuffer(self.data, dtype=np.uint8).reshape(self.shape)
+        from PIL import Image as PILImage
+
+        with PILImage.open(io.BytesIO(self.data)) as im:
+            return np.asarray(im.convert("RGB"))
+
+    def to_pil(self):
+        """The image as a PIL.Image (RGB)."""
+        from PIL import Image as PILImage
+
+        return PILImage.fromarray(self.to_array())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "encoding": self.encoding,
+            "data": base64.b64encode(self.data).decode("ascii"),
+            "shape": list(self.shape),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Image:
+        return cls(data["encoding"], base64.b64decode(data["data"]), tuple(data.get("shape") or ()))
+
+    def to_proto(self) -> pb.Image:
+        return pb.Image(encoding=self.encoding, data=self.data, shape=self.shape)
+
+    @classmethod
+    def from_proto(cls, msg: pb.Image) -> Image:
+        return cls(msg.encoding, msg.data, tuple(msg.shape))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the agent sees: text with one "<image>" placeholder per image, the images,
+    the ground truth (the true state as JSON) and info."""
+
+    __pydantic_config__ = _SCHEMA
+
+    text: str
+    """One '<image>' placeholder per image, in order."""
+    images: tuple[Image, ...]
+    ground_truth: dict[str, Any]
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.images, tuple):  # the server hands a list
+            object.__setattr__(self, "images", tuple(self.images))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "images": [im.to_json() for im in self.images],
+            "ground_truth": self.ground_truth,
+            "info": self.info,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Observation:
+        return cls(
+            text=data["text"],
+            images=tuple(Image.from_json(im) for im in data.get("images", ())),
+            ground_truth=data.get("ground_truth") or {},
+            info=data.get("info") or {},
+        )
+
+    def fill_proto(self, out: pb.Observation) -> None:
+        out.text = self.text
+        for im in self.images:
+            out.images.add(encoding=im.encoding, data=im.data, shape=im.shape)
+        out.ground_truth_json = json.dumps(self.ground_truth)
+        out.info_json = json.dumps(self.info)
+
+    @classmethod
+    def from_proto(cls, msg: pb.Observation) -> Observation:
+        return cls(
+            text=msg.text,
+            images=tuple(Image.from_proto(im) for im in msg.images),
+            ground_truth=json.loads(msg.ground_truth_json or "{}"),
+            info=json.loads(msg.info_json or "{}"),
+        )
+
+
+@dataclass
+class RewardParts:
+    """A turn's reward by source; `reward` is their sum (`total`)."""
+
+    __pydantic_config__ = _SCHEMA
+
+    env: float = 0.0
+    format: float = 0.0
+    observation: float = 0.0
+    prediction: float = 0.0
+    penalty: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.env + self.format + self.observation + self.prediction + self.penalty
+
+    def to_json(self) -> dict[str, float]:
+        return {
+            "env": self.env,
+            "format": self.format,
+            "observation": self.observation,
+            "prediction": self.prediction,
+            "penalty": self.penalty,
+        }
+
+    to_dict = to_json
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> RewardParts:
+        data = data or {}
+        return cls(*(float(data.get(k, 0.0)) for k in _REWARD_PARTS))
+
+    def fill_proto(self, out: pb.RewardParts) -> None:
+        out.env = self.env
+        out.format = self.format
+        out.observation = self.observation
+        out.prediction = self.prediction
+        out.penalty = self.penalty
+
+    @classmethod
+    def from_proto(cls, msg: pb.RewardParts) -> RewardParts:
+        return cls(msg.env, msg.format, msg.observation, msg.prediction, msg.penalty)
+
+
+_REWARD_PARTS = tuple(f.name for f in dataclasses.fields(RewardParts))
+
+R = TypeVar("R", bound="SessionReply")
+
+
+@dataclass
+class SessionReply:
+    """A server's answer for one session: its observation and, after a step, the reward."""
+
+    __pydantic_config__ = _SCHEMA
+
+    session_id: str
+    env: str
+    step_index: int
+    """Steps applied since the last reset: the index the next step carries."""
+    episode: int
+    """0 for the first episode, +1 on every reset."""
+    turn: int
+    """Turns taken in this episode."""
+    observation: Observation
+    reward: float
+    """The sum of reward_parts."""
+    reward_parts: RewardParts
+    terminated: bool
+    truncated: bool
+    success: bool
+    info: dict[str, Any]
+    """StepInfo (empty on create/reset): action_valid, actions_executed, actions,
+    invalid_actions, parse_error, observation_score, prediction_score, judge_error,
+    env extras."""
+    system_prompt: str = ""
+    """On create/reset replies only."""
+
+    def __post_init__(self) -> None:
+        if self.system_prompt is None:
+            self.system_prompt = ""
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "session_id": self.session_id,
+            "env": self.env,
+            "step_index": self.step_index,
+            "episode": self.episode,
+            "turn": self.turn,
+            "observation": self.observation.to_json(),
+            "reward": self.reward,
+            "reward_parts": self.reward_parts.to_json(),
+            "terminated": self.terminated,
+            "truncated": self.truncated,
+            "success": self.success,
+            "info": self.info,
+        }
+        if self.system_prompt:
+            out["system_prompt"] = self.system_prompt
+        return out
+
+    @classmethod
+    def from_json(cls: type[R], data: dict[str, Any], **extra: Any) -> R:
+        """`extra`: fields of a subclass (the SDK's reply adds `server`)."""
+        return cls(
+            session_id=data["session_id"],
+            env=data.get("env", ""),
+            step_index=int(data.get("step_index", 0)),
+            episode=int(data.get("episode", 0)),
+            turn=int(data.get("turn", 0)),
+            observation=Observation.from_json(data["observation"]),
+            reward=float(data.get("reward", 0.0)),
+            reward_parts=RewardParts.from_json(data.get("reward_parts")),
+            terminated=bool(data.get("terminated", False)),
+            truncated=bool(data.get("truncated", False)),
+            success=bool(data.get("success", False)),
+            info=data.get("info") or {},
+            system_prompt=data.get("system_prompt") or "",
+            **extra,
+        )
+
+    def to_proto(self) -> pb.SessionReply:
+        out = pb.SessionReply()
+        self.fill_proto(out)
+        return out
+
+    def fill_proto(self, out: pb.SessionReply) -> None:
+        """Write into the (empty) message `out` in place (no copy of nested messages)."""
+        out.session_id = self.session_id
+        out.env = self.env
+        out.step_index = self.step_index
+        out.episode = self.episode
+        out.turn = self.turn
+        self.observation.fill_proto(out.observation)
+        out.reward = self.reward
+        self.reward_parts.fill_proto(out.reward_parts)
+        out.terminated = self.terminated
+        out.truncated = self.truncated
+        out.success = self.success
+        out.info_json = json.dumps(self.info)
+        out.system_prompt = self.system_prompt or ""
+
+    @classmethod
+    def from_proto(cls: type[R], msg: pb.SessionReply, **extra: Any) -> R:
+        return cls(
+            session_id=msg.session_id,
+            env=msg.env,
+            step_index=msg.step_index,
+            episode=msg.episode,
+            turn=msg.turn,
+            observation=Observation.from_proto(msg.observation),
+            reward=msg.reward,
+            reward_parts=RewardParts.from_proto(msg.reward_parts),
+            terminated=msg.terminated,
+            truncated=msg.truncated,
+            success=msg.success,
+            info=json.loads(msg.info_json or "{}"),
+            system_prompt=msg.system_prompt,
+            **extra,
+        )
+
+
+@dataclass
+class EnvSpec:
+    """One environment as a server lists it."""
+
+    __pydantic_config__ = _SCHEMA
+
+    name: str
+    description: str
+    available: bool
+    """False when it can't run on this server (a missing backend)."""
+    unavailable_reason: str | None
+    config_schema: dict[str, Any]
+    """The JSON schema of the environment's config."""
+    action_space: dict[str, Any] | None
+    """{kind, names, max_per_turn, arity, description}; null when unknown."""
+    enabled: bool = True
+    """False: registered, but this server was started without it."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "available": self.available,
+            "unavailable_reason": self.unavailable_reason,
+            "config_schema": self.config_schema,
+            "action_space": self.action_space,
+            "enabled": self.enabled,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EnvSpec:
+        return cls(
+            name=data["name"],
+            description=data.get("description", ""),
+            available=bool(data.get("available", True)),
+            unavailable_reason=data.get("unavailable_reason") or None,
+            config_schema=data.get("config_schema") or {},
+            action_space=data.get("action_space"),
+            enabled=bool(data.get("enabled", True)),
+        )
+
+    def to_proto(self) -> pb.EnvInfo:
+        return pb.EnvInfo(
+            name=self.name,
+            description=self.description,
+            available=self.available,
+            unavailable_reason=self.unavailable_reason or "",
+            config_schema_json=json.dumps(self.config_schema),
+            action_space_json=json.dumps(self.action_space),
+            enabled=self.enabled,
+        )
+
+    @classmethod
+    def from_proto(cls, msg: pb.EnvInfo) -> EnvSpec:
+        return cls(
+            name=msg.name,
+            description=msg.description,
+            available=msg.available,
+            unavailable_reason=msg.unavailable_reason or None,
+            config_schema=json.loads(msg.config_schema_json or "{}"),
+            action_space=json.loads(msg.action_space_json or "null"),
+            enabled=msg.enabled,
+        )
+
+
+# ---------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """Options of a new session, as sent (docs/wire.md). None means the server's default;
+    the server validates them (env_server.service.models.SessionOptions)."""
+
+    env: str
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    seed: int = 0
+    format: str | None = None
+    representation: str | None = None
+    reasoning: dict[str, Any] = dataclasses.field(default_factory=dict)
+    image_encoding: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "env": self.env,
+            "config": self.config,
+            "seed": self.seed,
+            "reasoning": self.reasoning,
+        }
+        for key in ("format", "representation", "image_encoding"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+    def to_proto(self) -> pb.SessionOptions:
+        return pb.SessionOptions(
+            env=self.env,
+            config_json=json.dumps(self.config) if self.config else "",
+            seed=self.seed,
+            format=self.format,
+            representation=self.representation,
+            reasoning_json=json.dumps(self.reasoning) if self.reasoning else "",
+            image_encoding=self.image_encoding,
+        )
+
+    @classmethod
+    def from_proto(cls, msg: pb.SessionOptions) -> SessionOptions:
+        """Raises InvalidField for a `*_json` field that is not a JSON object."""
+        return cls(
+            env=msg.env,
+            config=_json_object(msg.config_json, "config_json"),
+            seed=msg.seed,
+            format=msg.format if msg.HasField("format") else None,
+            representation=msg.representation if msg.HasField("representation") else None,
+            reasoning=_json_object(msg.reasoning_json, "reasoning_json"),
+            image_encoding=msg.image_encoding if msg.HasField("image_encoding") else None,
+        )
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """An explicit action (manual play: skips response parsing and its rewards); the
+    proto's `Action`."""
+
+    name: str
+    args: tuple[float, ...] = ()
+    payload: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name}
+        if self.args:
+            out["args"] = list(self.args)
+        if self.payload is not None:
+            out["payload"] = self.payload
+        return out
+
+
+@dataclass(frozen=True)
+class StepItem:
+    """One session's turn: the agent's response text, or explicit actions."""
+
+    session_id: str
+    step_index: int
+    response: str | None = None
+    actions: tuple[ActionSpec, ...] | None = None
+    image_encoding: str | None = None  # an override for this reply
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"session_id": self.session_id, "step_index": self.step_index}
+        if self.actions is not None:
+            out["actions"] = [a.to_json() for a in self.actions]
+        else:
+            out["response"] = self.response or ""
+        if self.image_encoding is not None:
+            out["image_encoding"] = self.image_encoding
+        return out
+
+    def fill_proto(self, out: pb.StepItem) -> None:
+        out.session_id = self.session_id
+        out.step_index = self.step_index
+        if self.actions is not None:
+            out.actions.SetInParent()
+            for a in self.actions:
+                out.actions.actions.add(name=a.name, args=list(a.args), payload=a.payload)
+        else:
+            out.response = self.response or ""
+        if self.image_encoding is not None:
+            out.image_encoding = self.image_encoding
+
+    @classmethod
+    def from_proto(cls, msg: pb.StepItem) -> StepItem:
+        """Raises InvalidField when the item has neither a response nor actions."""
+        which = msg.WhichOneof("input")
+        if which is None:
+            raise InvalidField("input", "give exactly one of 'response' or 'actions'")
+        actions = None
+        if which == "actions":
+            actions = tuple(
+                ActionSpec(a.name, tuple(a.args), a.payload if a.HasField("payload") else None)
+                for a in msg.actions.actions
+            )
+        return cls(
+            session_id=msg.session_id,
+            step_index=msg.step_index,
+            response=msg.response if which == "response" else None,
+            actions=actions,
+            image_encoding=msg.image_encoding if msg.HasField("image_encoding") else None,
+        )
+
+
+# ---------------------------------------------------------------------------- batch envelopes
+# The JSON shapes of REST's replies (docs/wire.md), for the OpenAPI document; the
+# functions below build and read them. gRPC's are the proto's messages of the same names.
+
+
+class BatchItem(TypedDict):
+    """One item of a batch reply: the session's reply, or the error that refused it."""
+
+    ok: bool
+    reply: NotRequired[SessionReply]
+    error: NotRequired[Error]
+
+
+class BatchResponse(TypedDict):
+    results: list[BatchItem]
+    """One per request item, in order."""
+
+
+class ForkedSessions(TypedDict):
+    replies: list[SessionReply]
+    """One per fork: the source's last reply under the fork's session_id, with
+    info.fork = {source, exact, tolerance}."""
+
+
+class ForkResult(TypedDict):
+    """One fork item: its forks' replies, or the one error that refused it whole."""
+
+    ok: bool
+    replies: NotRequired[list[SessionReply]]
+    error: NotRequired[Error]
+
+
+class ForkResponse(TypedDict):
+    results: list[ForkResult]
+
+
+class CloseResult(TypedDict):
+    ok: bool
+    error: NotRequired[Error]
+
+
+class CloseResponse(TypedDict):
+    results: list[CloseResult]
+
+
+class ListEnvsResponse(TypedDict):
+    envs: list[EnvSpec]
+
+
+class ErrorReply(TypedDict):
+    """The body of every REST error status."""
+
+    error: Error
+
+
+Answer = SessionReply | _ErrorLike  # a batch item's answer: a reply or an error
+Forks = list[SessionReply] | _ErrorLike  # a fork item's answer
+
+
+def batch_item_json(result: Answer) -> dict[str, Any]:
+    if isinstance(result, SessionReply):
+        return {"ok": True, "reply": result.to_json()}
+    return {"ok": False, "error": Error.of(result).to_json()}
+
+
+def fork_item_json(result: Forks) -> dict[str, Any]:
+    if isinstance(result, list):
+        return {"ok": True, "replies": [r.to_json() for r in result]}
+    return {"ok": False, "error": Error.of(result).to_json()}
+
+
+def close_item_json(error: _ErrorLike | None) -> dict[str, Any]:
+    return {"ok": True} if error is None else {"ok": False, "error": Error.of(error).to_json()}
+
+
+def batch_to_proto(results: Iterable[Answer]) -> pb.BatchResponse:
+    out = pb.BatchResponse()
+    for r in results:
+        if isinstance(r, SessionReply):
+            r.fill_proto(out.results.add().reply)
+        else:
+            out.results.add(error=Error.of(r).to_proto())
+    return out
+
+
+def fork_to_proto(results: Iterable[Forks]) -> pb.ForkResponse:
+    out = pb.ForkResponse()
+    for r in results:
+        if isinstance(r, list):
+            forks = out.results.add().forks
+            forks.SetInParent()
+            for reply in r:
+                reply.fill_proto(forks.replies.add())
+        else:
+            out.results.add(error=Error.of(r).to_proto())
+    return out
+
+
+def close_to_proto(errors: Iterable[_ErrorLike | None]) -> pb.CloseResponse:
+    out = pb.CloseResponse()
+    for err in errors:
+        if err is None:
+            out.results.add(ok=True)
+        else:
+            out.results.add(ok=False, error=Error.of(err).to_proto())
+    return out
+
+
+def batch_from_json(
+    data: dict[str, Any], reply_type: type[R] = SessionReply, **extra: Any
+) -> list[R | Error]:
+    """`extra`: the subclass fields of `reply_type` (as in SessionReply.from_json)."""
+    return [
+        reply_type.from_json(item["reply"], **extra)
+        if item.get("ok")
+        else Error.from_json(item.get("error") or {})
+        for item in data["results"]
+    ]
+
+
+def fork_from_json(
+    data: dict[str, Any], reply_type: type[R] = SessionReply, **extra: Any
+) -> list[list[R] | Error]:
+    return [
+        [reply_type.from_json(r, **extra) for r in item["replies"]]
+        if item.get("ok")
+        else Error.from_json(item.get("error") or {})
+        for item in data["results"]
+    ]
+
+
+def close_from_json(data: dict[str, Any]) -> list[Error | None]:
+    return [None if r.get("ok") else Error.from_json(r.get("error") or {}) for r in data["results"]]
+
+
+def batch_from_proto(
+    msg: pb.BatchResponse, reply_type: type[R] = SessionReply, **extra: Any
+) -> list[R | Error]:
+    return [
+        reply_type.from_proto(item.reply, **extra)
+        if item.HasField("reply")
+        else Error.from_proto(item.error)
+        for item in msg.results
+    ]
+
+
+def fork_from_proto(
+    msg: pb.ForkResponse, reply_type: type[R] = SessionReply, **extra: Any
+) -> list[list[R] | Error]:
+    return [
+        [reply_type.from_proto(r, **extra) for r in item.forks.replies]
+        if item.HasField("forks")
+        else Error.from_proto(item.error)
+        for item in msg.results
+    ]
+
+
+def close_from_proto(msg: pb.CloseResponse) -> list[Error | None]:
+    return [None if r.ok else Error.from_proto(r.error) for r in msg.results]
+
+
+def step_request(items: Iterable[StepItem]) -> pb.StepRequest:
+    out = pb.StepRequest()
+    for item in items:
+        item.fill_proto(out.items.add())
+    return out
