@@ -47,6 +47,7 @@ from bench_transport import ServerCPU, client_cpu  # noqa: E402  (same folder)
 
 from env_server.service import images as images_module  # noqa: E402
 from env_server.service import worker as worker_module  # noqa: E402
+from env_server.service.messages import Create, Reset, Step  # noqa: E402
 
 MOVES = ("Up", "Down", "Left", "Right")
 CONFIG = {"dim_room": [6, 6], "num_boxes": 1, "tile_size": 16}
@@ -129,21 +130,17 @@ def in_process(args, rng: random.Random) -> tuple[Result, float]:
     images_module.encode_image = timed_encode
     worker = worker_module.Worker()
     ids = [f"s-{i:016x}" for i in range(args.sessions)]
-    worker.handle("create", [(sid, options(i)) for i, sid in enumerate(ids)])
+    worker.handle([Create(sid, options(i)) for i, sid in enumerate(ids)])
     seeds = dict.fromkeys(ids, 0)
 
     def one_round() -> tuple[int, int, list[float]]:
         t = time.perf_counter()
-        out = worker.handle("step", [(sid, response(rng), None, None) for sid in ids])
-        done = [
-            (sid, None, None)
-            for sid, r in zip(ids, out, strict=True)
-            if r.terminated or r.truncated
-        ]
+        out = [s.reply for s in worker.handle([Step(sid, response(rng)) for sid in ids])]
+        done = [Reset(sid) for sid, r in zip(ids, out, strict=True) if r.terminated or r.truncated]
         if done:
-            worker.handle("reset", done)
-            for sid, _, _ in done:
-                seeds[sid] += 1
+            worker.handle(done)
+            for reset in done:
+                seeds[reset.session_id] += 1
         return len(ids), 0, [time.perf_counter() - t]
 
     for _ in range(args.warmup):

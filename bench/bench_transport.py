@@ -153,6 +153,7 @@ async def measure(
 
 
 async def bench_in_process(batch: int, encoding: str, args: argparse.Namespace) -> Result:
+    from env_server.service.messages import Create, Reset, Step
     from env_server.service.worker import Worker
 
     worker = Worker()
@@ -165,19 +166,17 @@ async def bench_in_process(batch: int, encoding: str, args: argparse.Namespace) 
         "format": "grounding_worldmodeling",
         "image_encoding": encoding,
     }
-    worker.handle("create", [(sid, {**options, "seed": i}) for i, sid in enumerate(ids)])
+    worker.handle([Create(sid, {**options, "seed": i}) for i, sid in enumerate(ids)])
     seeds = list(range(batch))
 
     async def step(texts: list[str]) -> list[bool]:
-        replies = worker.handle(
-            "step", [(sid, t, None, None) for sid, t in zip(ids, texts, strict=True)]
-        )
-        return [r.terminated or r.truncated for r in replies]
+        stepped = worker.handle([Step(sid, t) for sid, t in zip(ids, texts, strict=True)])
+        return [s.reply.terminated or s.reply.truncated for s in stepped]
 
     async def reset(positions: list[int]) -> None:
         for p in positions:
             seeds[p] += batch
-        worker.handle("reset", [(ids[p], seeds[p], None) for p in positions])
+        worker.handle([Reset(ids[p], seeds[p]) for p in positions])
 
     return await measure(f"in-process ({encoding})", batch, step, reset, args, ServerCPU(None), 0)
 

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_transport import CONFIG, response  # noqa: E402
 
+from env_server.service.messages import Create, Reset, Step  # noqa: E402
 from env_server.service.worker import Worker  # noqa: E402
 
 
@@ -60,7 +61,7 @@ def main() -> None:
     ids = [f"s-{i:016x}" for i in range(n)]
     options = {"env": "sokoban", "config": CONFIG, "format": "grounding_worldmodeling",
                "image_encoding": "png"}  # fmt: skip
-    worker.handle("create", [(sid, {**options, "seed": i}) for i, sid in enumerate(ids)])
+    worker.handle([Create(sid, {**options, "seed": i}) for i, sid in enumerate(ids)])
     seeds = list(range(n))
     if args.gc_freeze:
         gc.freeze()
@@ -72,9 +73,8 @@ def main() -> None:
         texts = [response(rng) for _ in range(n)]
         gc_spent[0] = 0.0
         w0, c0 = time.perf_counter(), time.process_time()
-        replies = worker.handle(
-            "step", [(sid, t, None, None) for sid, t in zip(ids, texts, strict=True)]
-        )
+        stepped = worker.handle([Step(sid, t) for sid, t in zip(ids, texts, strict=True)])
+        replies = [s.reply for s in stepped]
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
         if i >= args.warmup:
             records.append({"wall": wall, "cpu": cpu, "gc": gc_spent[0], "fresh": fresh})
@@ -82,7 +82,7 @@ def main() -> None:
         for p in done:
             seeds[p] += n
         if done:
-            worker.handle("reset", [(ids[p], seeds[p], None) for p in done])
+            worker.handle([Reset(ids[p], seeds[p]) for p in done])
         fresh = len(done)
 
     walls = np.array([r["wall"] for r in records]) * 1000

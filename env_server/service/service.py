@@ -23,8 +23,11 @@ codes of docs/wire.md; `error.http_status` gives the HTTP status.
 
 How it works: environments live in worker processes (`worker.py`), sessions are
 pinned to the least-loaded worker at creation, and this (API) process only routes:
-one batch call sends ONE message per worker holding all its items and awaits the
-workers concurrently. A worker that dies takes only its own sessions (they answer
+one batch call sends ONE message per worker holding all its items (the typed messages
+of `messages.py`) and awaits the workers concurrently. A step's reward is assembled
+here, in `assemble_reward`, from what the worker measured (the environment's reward,
+the rule-based reasoning score), the LLM judge's scores when the session has one, and
+the reasoning guard's penalty (both of which live in this process). A worker that dies takes only its own sessions (they answer
 SESSION_LOST, also for calls in flight) and is replaced. Sessions have server-made
 ids (`s-` + 16 hex), an idle timeout (a reaper task), a cap (CAPACITY), and a
 `step_index` retry cache: a step repeated with the previous index is answered from
@@ -53,20 +56,35 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from env_server.reasoning import Judge, ReasoningConfig, ResponseGuard
+from env_server.reasoning import Judge, ReasoningConfig, ResponseGuard, TurnScore
 
+from .messages import (
+    Close,
+    Create,
+    Fork,
+    Forked,
+    Frame,
+    ListEnv,
+    Message,
+    Ready,
+    Reset,
+    Step,
+    Stepped,
+    Stop,
+)
 from .metrics import Metrics
 from .models import (
     EnvSpec,
     ForkItem,
     ResetItem,
+    RewardParts,
     ServiceError,
     SessionOptions,
     SessionReply,
     StepItem,
 )
 from .settings import Settings
-from .worker import NeedsJudge, worker_main, world_model_parts
+from .worker import worker_main
 
 M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger("visenv.service")
@@ -80,14 +98,13 @@ class WorkerLost(Exception):
 class _Queued:
     """A request waiting to be sent to a worker (coalesced with others into one message)."""
 
-    op: str
-    payload: Any
+    batch: list[Message]
     future: asyncio.Future
-    size: int  # items (a list payload's length; 1 otherwise)
 
 
 class WorkerHandle:
-    """The API process's end of one worker process: a framed, pickled message pipe.
+    """The API process's end of one worker process: a framed, pickled message pipe
+    (the worker protocol of `messages.py`).
 
     The framing is multiprocessing.Connection's (a 4-byte big-endian length, then the
     bytes), so the worker uses a plain Connection while this side stays non-blocking.
@@ -151,14 +168,14 @@ class WorkerHandle:
         parent.close()
         self._reader, self._writer = await asyncio.open_unix_connection(sock=sock)
         try:
-            _, (tag, pid, self.warmed) = pickle.loads(
+            _, ready = pickle.loads(
                 await asyncio.wait_for(self._read(), timeout + 120.0 * len(self.prewarm))
             )
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError) as exc:
             self.process.kill()
             raise RuntimeError(f"worker {self.index} failed to start: {exc!r}") from exc
-        assert tag == "ready"
-        self.pid = pid
+        assert isinstance(ready, Ready)
+        self.pid, self.warmed = ready.pid, ready.warmed
         self.alive = True
         self._read_task = asyncio.create_task(self._read_loop(), name=f"worker-{self.index}-read")
 
@@ -196,13 +213,15 @@ class WorkerHandle:
         if not self._stopping and self.on_death is not None:
             self.on_death(self)
 
-    async def request(self, op: str, payload: Any) -> Any:
-        """Send one op to the worker and await its answer, coalesced with concurrent ones.
+    async def request(self, batch: list[Message]) -> list[Any] | ServiceError:
+        """Send a batch of messages to the worker and await their answers (a list, in
+        order; or one ServiceError when the worker could not read the message), coalesced
+        with concurrent batches.
 
         Requests made while the worker has a message in flight wait in a queue, and the
-        moment it answers, everything queued goes as ONE message (`multi`, at most
-        `coalesce_max_items` items; a longer queue goes without waiting). A request on an
-        idle worker is sent at the end of the current turn of the event loop (with any
+        moment it answers, everything queued goes as ONE message (the batches concatenated,
+        at most `coalesce_max_items` items; a longer queue goes without waiting). A request
+        on an idle worker is sent at the end of the current turn of the event loop (with any
         others that turn brought): microseconds, no added latency. Under concurrent traffic,
         detected as requests that keep finding the worker busy (CONCURRENT of them within
         CONCURRENT_SPAN s), a request on an idle worker waits up to `coalesce_window` s for
@@ -213,13 +232,14 @@ class WorkerHandle:
         """
         if not self.alive or self._writer is None:
             raise WorkerLost(f"worker {self.index} is not running")
+        if not batch:
+            return []
         loop = asyncio.get_running_loop()
         if self._in_flight or self._queue:
             self._overlaps.append(loop.time())
         future = loop.create_future()
-        size = len(payload) if isinstance(payload, list) else 1
-        self._queue.append(_Queued(op, payload, future, size))
-        self._queued_items += size
+        self._queue.append(_Queued(batch, future))
+        self._queued_items += len(batch)
         if self._queued_items >= self.coalesce_max_items:
             self._flush()
         elif self._in_flight or self._timer is not None:
@@ -264,13 +284,13 @@ class WorkerHandle:
             entries: list[_Queued] = []
             items = 0
             while self._queue and (
-                not entries or items + self._queue[0].size <= self.coalesce_max_items
+                not entries or items + len(self._queue[0].batch) <= self.coalesce_max_items
             ):
                 entry = self._queue.popleft()
-                self._queued_items -= entry.size
+                self._queued_items -= len(entry.batch)
                 if not entry.future.done():  # its caller gave up: not sent
                     entries.append(entry)
-                    items += entry.size
+                    items += len(entry.batch)
             if entries:
                 self._send(entries)
         if not self._queue and self._timer is not None:
@@ -287,10 +307,10 @@ class WorkerHandle:
         message.add_done_callback(functools.partial(self._answered, entries))
         try:
             if len(entries) == 1:
-                body = (request_id, entries[0].op, entries[0].payload)
-            else:
-                body = (request_id, "multi", [(e.op, e.payload) for e in entries])
-            data = pickle.dumps(body, protocol=pickle.HIGHEST_PROTOCOL)
+                batch = entries[0].batch
+            else:  # coalesced: one batch, answered in order and split back in _answered
+                batch = [message for entry in entries for message in entry.batch]
+            data = pickle.dumps((request_id, batch), protocol=pickle.HIGHEST_PROTOCOL)
             assert self._writer is not None
             self._writer.write(struct.pack("!i", len(data)) + data)
         except (ConnectionError, OSError) as exc:
@@ -309,13 +329,15 @@ class WorkerHandle:
             error = message.exception()
         if error is None:
             result = message.result()
-            if len(entries) == 1:
-                results = [result]
-            elif isinstance(result, list) and len(result) == len(entries):
-                results = result
-            else:  # the worker could not read the message: every caller gets its error
-                results = [result] * len(entries)
-            for entry, answer in zip(entries, results, strict=True):
+            if len(entries) == 1 or not isinstance(result, list):
+                # (not a list: the worker could not read the message; every caller gets it)
+                answers = [result] * len(entries)
+            else:  # coalesced: each caller's part, in order
+                ends = itertools.accumulate(len(e.batch) for e in entries)
+                answers = [
+                    result[end - len(e.batch) : end] for e, end in zip(entries, ends, strict=True)
+                ]
+            for entry, answer in zip(entries, answers, strict=True):
                 if not entry.future.done():
                     entry.future.set_result(answer)
         else:
@@ -334,7 +356,7 @@ class WorkerHandle:
         self._stopping = True
         if self.alive and self._writer is not None:
             try:
-                data = pickle.dumps((0, "stop", None))
+                data = pickle.dumps((0, Stop()))
                 self._writer.write(struct.pack("!i", len(data)) + data)
                 await self._writer.drain()
             except (ConnectionError, OSError):
@@ -373,6 +395,38 @@ def _validate(model: type[M], raw: M | Mapping[str, Any]) -> M | ServiceError:
         return ServiceError.from_validation(exc)
 
 
+def assemble_reward(
+    stepped: Stepped, score: TurnScore | None, cfg: ReasoningConfig, penalty: float = 0.0
+) -> SessionReply:
+    """The one place a step's reward is assembled: its parts, their sum and the score keys
+    of its info, from the environment's reward (`stepped.env_reward`), the turn's
+    reasoning score (the worker's rule-based one, or the LLM judge's; None for manual
+    play) and the guard's `penalty`. Returns `stepped.reply`, filled in.
+
+    Parts: env; format (the format reward earned); observation and prediction
+    (beta_s * observation_score and beta_w * prediction_score, when the turn earned a
+    world-model reward); penalty (-penalty). reward = their sum.
+    """
+    reply = stepped.reply
+    parts = RewardParts(env=stepped.env_reward)
+    if score is not None:
+        parts.format = float(score.format)
+        if score.world_model:
+            parts.observation = float(cfg.beta_s * (score.observation_score or 0.0))
+            parts.prediction = float(cfg.beta_w * (score.prediction_score or 0.0))
+    if penalty:
+        parts.penalty = -penalty
+    reply.reward_parts = parts
+    reply.reward = parts.total
+    reply.info = {
+        "observation_score": None if score is None else score.observation_score,
+        "prediction_score": None if score is None else score.prediction_score,
+        "judge_error": None if score is None else score.judge_error,
+        **reply.info,
+    }
+    return reply
+
+
 class EnvService:
     """Sessions over worker processes; see the module docstring for the API."""
 
@@ -397,10 +451,7 @@ class EnvService:
     async def start(self) -> None:
         if self.settings.start_method == "forkserver":
             self._ctx.set_forkserver_preload(["env_server.service.worker"])
-        self.workers = [
-            self._worker_handle(i)
-            for i in range(self.settings.workers)
-        ]
+        self.workers = [self._worker_handle(i) for i in range(self.settings.workers)]
         for handle in self.workers:
             handle.on_death = self._on_worker_death
         await asyncio.gather(*(w.start() for w in self.workers))
@@ -412,7 +463,7 @@ class EnvService:
             await self.stop()
             raise ValueError(f"unknown environment(s) {unknown}; known: {names}")
         wanted = set(self.settings.envs or names)
-        specs = await self.workers[0].request("envs", [(n, n in wanted) for n in names])
+        specs = await self.workers[0].request([ListEnv(n) for n in names])
         for pos, spec in enumerate(specs):  # a broken env module lists as unavailable
             if isinstance(spec, ServiceError):
                 specs[pos] = EnvSpec(names[pos], "", False, spec.message, {}, None)
@@ -525,8 +576,8 @@ class EnvService:
             planned.setdefault(worker, []).append((pos, session))
 
         async def run(worker: WorkerHandle, group: list[tuple[int, Session]]) -> None:
-            payload = [(s.id, s.options.model_dump(mode="json")) for _, s in group]
-            answers = await self._call(worker, "create", payload, [s.env for _, s in group])
+            batch = [Create(s.id, s.options.model_dump(mode="json")) for _, s in group]
+            answers = await self._call(worker, batch, [s.env for _, s in group])
             for (pos, session), answer in zip(group, answers, strict=True):
                 results[pos] = answer
                 if isinstance(answer, SessionReply):
@@ -545,15 +596,15 @@ class EnvService:
     async def reset(
         self, items: Sequence[ResetItem | Mapping[str, Any]]
     ) -> list[SessionReply | ServiceError]:
-        def payload(item: ResetItem, session: Session) -> tuple:
-            return (session.id, item.seed, item.image_encoding)
+        def message(item: ResetItem, session: Session) -> Reset:
+            return Reset(session.id, item.seed, item.image_encoding)
 
         def applied(item: ResetItem, session: Session, reply: SessionReply) -> None:
             session.step_index = 0
             session.last_reply = reply
             self.metrics.resets.labels(session.env).inc()
 
-        return await self._session_call(ResetItem, items, "reset", payload, applied)
+        return await self._session_call(ResetItem, items, message, applied)
 
     async def step(
         self, items: Sequence[StepItem | Mapping[str, Any]]
@@ -572,18 +623,16 @@ class EnvService:
                 "step_index",
             )
 
-        def payload(item: StepItem, session: Session) -> tuple:
+        def message(item: StepItem, session: Session) -> Step:
             actions = None if item.actions is None else [a.model_dump() for a in item.actions]
-            return (session.id, item.response, actions, item.image_encoding)
+            return Step(session.id, item.response, actions, item.image_encoding)
 
         def applied(item: StepItem, session: Session, reply: SessionReply) -> None:
             session.step_index += 1
             session.last_reply = reply
             self.metrics.steps.labels(session.env).inc()
 
-        results = await self._session_call(
-            StepItem, items, "step", payload, applied, precheck, self._grade
-        )
+        results = await self._session_call(StepItem, items, message, applied, precheck, self._grade)
         self.metrics.step_seconds.observe(time.perf_counter() - started)
         return results
 
@@ -614,8 +663,8 @@ class EnvService:
             planned.setdefault(session.worker, []).append((pos, session))
 
         async def run(worker: WorkerHandle, group: list[tuple[int, Session]]) -> None:
-            ids, envs = [s.id for _, s in group], [s.env for _, s in group]
-            answers = await self._call(worker, "close", ids, envs)
+            batch, envs = [Close(s.id) for _, s in group], [s.env for _, s in group]
+            answers = await self._call(worker, batch, envs)
             for (pos, _), answer in zip(group, answers, strict=True):
                 # SESSION_LOST: the environment went with its worker, closed all the same
                 lost = isinstance(answer, ServiceError) and answer.code == "SESSION_LOST"
@@ -701,9 +750,9 @@ class EnvService:
 
         async def run(worker: WorkerHandle, group: list[tuple[int, Session, list[Session]]]):
             try:
-                payload = [(source.id, [f.id for f in forks]) for _, source, forks in group]
+                batch = [Fork(source.id, tuple(f.id for f in forks)) for _, source, forks in group]
                 envs = [source.env for _, source, _ in group]
-                answers = await self._call(worker, "fork", payload, envs)
+                answers = await self._call(worker, batch, envs)
                 for (pos, source, forks), answer in zip(group, answers, strict=True):
                     if isinstance(answer, ServiceError):
                         results[pos] = answer
@@ -721,12 +770,12 @@ class EnvService:
         self.metrics.sessions.set(len(self.sessions))
         return self._count_errors(results)
 
-    def _forked(self, source: Session, fork: Session, answer: dict[str, Any]) -> SessionReply:
+    def _forked(self, source: Session, fork: Session, answer: Forked) -> SessionReply:
         """Record a fork the worker made; its reply."""
         assert source.last_reply is not None
         if source.reasoning.guard.enabled:
             fork.guard = self._guard_of(source).copy()
-        tolerance = answer.get("tolerance")
+        tolerance = answer.tolerance
         info = {
             **source.last_reply.info,
             "fork": {"source": source.id, "exact": tolerance is None, "tolerance": tolerance},
@@ -751,7 +800,7 @@ class EnvService:
         if isinstance(session, ServiceError):
             raise session
         session.last_used = time.monotonic()
-        answer = (await self._call(session.worker, "frame", [session.id], [session.env]))[0]
+        answer = (await self._call(session.worker, [Frame(session.id)], [session.env]))[0]
         if isinstance(answer, ServiceError):
             raise answer
         return answer
@@ -781,8 +830,10 @@ class EnvService:
         }
 
     # ---- internals ------------------------------------------------------------------
-    async def _session_call(self, model, items, op, payload, applied, precheck=None, post=None):
-        """Validate, serialise per session, route one message per worker, record."""
+    async def _session_call(self, model, items, message, applied, precheck=None, post=None):
+        """Validate, serialise per session, route one message per worker, record.
+
+        `message(item, session)`: the worker message of an item."""
         results: list[Any] = [None] * len(items)
         targets: list[tuple[int, Any, Session]] = []
         seen: set[str] = set()
@@ -824,7 +875,7 @@ class EnvService:
         async def run(worker: WorkerHandle, group: list[tuple[int, Any, Session]]) -> None:
             try:
                 answers = await self._call(
-                    worker, op, [payload(i, s) for _, i, s in group], [s.env for _, _, s in group]
+                    worker, [message(i, s) for _, i, s in group], [s.env for _, _, s in group]
                 )
                 if post is not None:
                     answers = await post(group, answers)
@@ -850,79 +901,72 @@ class EnvService:
         return self._count_errors(results)
 
     async def _grade(self, group: list[tuple[int, StepItem, Session]], answers: list) -> list:
-        """The API-process part of grading: the LLM judge (when configured), then the guard."""
-        judged = [(n, a) for n, a in enumerate(answers) if isinstance(a, NeedsJudge)]
-        by_judge: dict[str, list[tuple[int, NeedsJudge]]] = {}
-        for n, answer in judged:
-            key = answer.item.cfg.judge.model_dump_json()
-            if key not in self._judges:
-                self._judges[key] = Judge(answer.item.cfg.judge)
-            by_judge.setdefault(key, []).append((n, answer))
+        """Finish the steps a worker applied (`Stepped`): the LLM judge's scores when the
+        session's grader is the judge, the guard's penalty, then the reward, assembled by
+        `assemble_reward`."""
+        scores = [a.score if isinstance(a, Stepped) else None for a in answers]
+        by_judge: dict[str, list[int]] = {}
+        for n, answer in enumerate(answers):
+            if isinstance(answer, Stepped) and answer.judge is not None:
+                key = answer.judge.cfg.judge.model_dump_json()
+                if key not in self._judges:
+                    self._judges[key] = Judge(answer.judge.cfg.judge)
+                by_judge.setdefault(key, []).append(n)
 
-        async def judge(key: str, todo: list[tuple[int, NeedsJudge]]) -> None:
-            scores = await self._judges[key].score_batch([a.item for _, a in todo])
-            for (n, answer), score in zip(todo, scores, strict=True):
-                reply = answer.reply
-                parts = reply.reward_parts
-                parts.observation, parts.prediction = world_model_parts(score, answer.item.cfg)
-                reply.info.update(
-                    observation_score=score.observation_score,
-                    prediction_score=score.prediction_score,
-                    judge_error=score.judge_error,
-                )
-                reply.reward = parts.total
-                answers[n] = reply
+        async def judge(key: str, todo: list[int]) -> None:
+            judged = await self._judges[key].score_batch([answers[n].judge for n in todo])
+            for n, score in zip(todo, judged, strict=True):
+                scores[n] = score
 
-        await asyncio.gather(*(judge(k, todo) for k, todo in by_judge.items()))
-        for (_, item, session), reply in zip(group, answers, strict=True):
-            guard_cfg = session.reasoning.guard
-            if (
-                not isinstance(reply, SessionReply)
-                or item.response is None
-                or not guard_cfg.enabled
-            ):
-                continue
-            scores = [
-                v
-                for v in (reply.info.get("observation_score"), reply.info.get("prediction_score"))
-                if v is not None
-            ]
-            if not scores:
-                continue  # nothing graded: nothing a policy could game
-            amount = self._guard_of(session).penalty(item.response, sum(scores) / len(scores))
-            if amount:
-                reply.reward_parts.penalty = -amount
-                reply.reward = reply.reward_parts.total
+        if by_judge:
+            await asyncio.gather(*(judge(k, todo) for k, todo in by_judge.items()))
+        for n, ((_, item, session), answer) in enumerate(zip(group, answers, strict=True)):
+            if isinstance(answer, Stepped):
+                penalty = self._penalty(item, session, scores[n])
+                answers[n] = assemble_reward(answer, scores[n], session.reasoning, penalty)
         return answers
 
+    def _penalty(self, item: StepItem, session: Session, score: TurnScore | None) -> float:
+        """The reasoning guard's penalty (>= 0) on a step's response, judged by the mean of
+        its world-model scores; 0 without a guard, a response or any score."""
+        if score is None or item.response is None or not session.reasoning.guard.enabled:
+            return 0.0
+        graded = [s for s in (score.observation_score, score.prediction_score) if s is not None]
+        if not graded:
+            return 0.0  # nothing graded: nothing a policy could game
+        return self._guard_of(session).penalty(item.response, sum(graded) / len(graded))
+
     async def _call(
-        self, worker: WorkerHandle, op: str, payload: list, envs: Iterable[str] = ()
+        self, worker: WorkerHandle, batch: list[Message], envs: Iterable[str] = ()
     ) -> list:
         """One message to a worker; if it dies, or does not answer within the deadline of
         the environments involved (then it is killed and replaced), every item answers
         SESSION_LOST."""
         deadline = self.deadline(envs)
         try:
-            answers = await asyncio.wait_for(worker.request(op, payload), deadline)
+            answers = await asyncio.wait_for(worker.request(batch), deadline)
         except TimeoutError:
+            op = type(batch[0]).__name__.lower()
             self._kill_stuck(worker, op, deadline)
             lost = ServiceError(
                 "SESSION_LOST",
                 f"the session's worker process did not answer {op} within {deadline:g} s "
                 "(a stuck environment?); it was killed and is being replaced: create a new session",
             )
-            return [lost] * len(payload)
+            return [lost] * len(batch)
         except WorkerLost as exc:
             lost = ServiceError("SESSION_LOST", f"the session's worker process died: {exc}")
-            return [lost] * len(payload)
+            return [lost] * len(batch)
         if isinstance(answers, ServiceError):  # the worker could not read the message
-            return [answers] * len(payload)
+            return [answers] * len(batch)
         return answers
 
     def deadline(self, envs: Iterable[str] = ()) -> float:
         """Seconds a worker may take for one message about `envs` (the longest of theirs)."""
         own = self.settings.deadlines
-        return max((own.get(e, self.settings.deadline) for e in envs), default=self.settings.deadline)
+        return max(
+            (own.get(e, self.settings.deadline) for e in envs), default=self.settings.deadline
+        )
 
     def _kill_stuck(self, worker: WorkerHandle, op: str, deadline: float) -> None:
         log.error(

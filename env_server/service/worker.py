@@ -1,24 +1,10 @@
 """The worker process: holds environments, parses, steps, grades and encodes.
 
 The API process sends one message per batch call (all the items of this worker) over
-a pipe and gets one message back: a list of results in the same order, each a
-`SessionReply` or a `ServiceError`. Messages are pickled tuples
-`(request_id, op, payload)` -> `(request_id, result)`; the first message a worker
-sends is `(0, ("ready", pid, {env: seconds its pre-warming took, or why it failed}))`,
-after it has pre-warmed the heavy environments it was given (see `Worker.prewarm`).
-
-Ops and payloads:
-    envs   [(name, build an instance for its action space?)] -> [EnvSpec]
-    create [(session_id, SessionOptions dict)]          -> [SessionReply | ServiceError]
-    reset  [(session_id, seed | None, encoding | None)] -> [SessionReply | ServiceError]
-    step   [(session_id, response | None, [action dict] | None, encoding | None)]
-                                                        -> [SessionReply | ServiceError]
-    close  [session_id]                                 -> [None | ServiceError]
-    fork   [(source_id, [new session_id])]              -> [{"tolerance"} | ServiceError]
-           (n new sessions in the source's state, all made or none)
-    frame  [session_id]                                 -> [png bytes | ServiceError]
-    multi  [(op, payload), ...]                         -> [answer of each, in order]
-           (concurrent requests the service coalesced into one message)
+a pipe and gets one message back: a list of answers in the same order. The messages,
+their answers and the envelope are the worker protocol of `messages.py`; `Worker.handle`
+answers a batch, dispatching each message on its type. Before its first answer a worker
+pre-warms the heavy environments it was given (see `Worker.prewarm`) and says `Ready`.
 """
 
 from __future__ import annotations
@@ -44,7 +30,6 @@ from env_server.core import registry
 from env_server.core.env import Environment
 from env_server.core.types import (
     Action,
-    ActionSpace,
     EnvError,
     Observation,
     Representation,
@@ -61,18 +46,24 @@ from env_server.reasoning import (
 )
 
 from .images import ImageCache, encode_image
+from .messages import (
+    Close,
+    Create,
+    Fork,
+    Forked,
+    Frame,
+    ListEnv,
+    Message,
+    Ready,
+    Reset,
+    Step,
+    Stepped,
+    Stop,
+)
 from .models import EnvSpec, ObservationReply, RewardParts, ServiceError, SessionReply
 
 log = logging.getLogger("visenv.worker")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s"
-
-
-@dataclass
-class NeedsJudge:
-    """A step reply whose world-model scores the LLM judge (in the API process) decides."""
-
-    reply: SessionReply
-    item: JudgeItem
 
 
 @dataclass
@@ -103,7 +94,7 @@ class WorkerSession:
 
 
 class Worker:
-    """The state of one worker process; `handle(op, payload)` answers one message."""
+    """The state of one worker process; `handle(batch)` answers a batch of messages."""
 
     def __init__(self) -> None:
         self.sessions: dict[str, WorkerSession] = {}
@@ -156,36 +147,26 @@ class Worker:
             self._classes[name] = cls
         return cls
 
-    def handle(self, op: str, payload: Any) -> Any:
-        if op == "multi":  # requests coalesced into one message: answered in order
-            return [self._handle_one(sub_op, sub) for sub_op, sub in payload]
-        handler = {
-            "envs": self._env_spec,
-            "create": self._create,
-            "reset": self._reset,
-            "step": self._step,
-            "close": self._close,
-            "fork": self._fork,
-            "frame": self._frame,
-        }[op]
-        return [self._guard(op, handler, item) for item in payload]
+    def handle(self, batch: Sequence[Message]) -> list[Any]:
+        """The answers of a batch, in order (concurrent callers' batches arrive coalesced
+        into one); a message that fails answers its own error and the others go on."""
+        return [self._guard(message) for message in batch]
 
-    def _handle_one(self, op: str, payload: Any) -> Any:
-        """One request of a `multi` message; a malformed one fails alone."""
-        try:
-            return self.handle(op, payload)
-        except Exception as exc:  # a bug in the service
-            return ServiceError.internal(exc, f"op {op!r}", log)
-
-    def _guard(self, op: str, handler, item):
-        """Run one item; any failure becomes that item's structured error.
+    def _guard(self, message: Message) -> Any:
+        """Answer one message; any failure becomes that message's structured error.
 
         An unexpected exception (a bug) is INTERNAL with an error id that the logged
         traceback carries; a create, reset or step that fails so leaves no session behind
         (its environment is in an unknown state), and the service forgets it too.
         """
         try:
-            return handler(item)
+            handler = self._HANDLERS[type(message)]
+        except KeyError:  # not a message: a bug in the service
+            return ServiceError.internal(
+                TypeError(f"not a worker message: {message!r}"), "worker message", log
+            )
+        try:
+            return handler(self, message)
         except ServiceError as exc:
             return exc
         except EnvError as exc:
@@ -194,10 +175,11 @@ class Worker:
             return ServiceError.from_validation(exc)
         except Exception as exc:  # a bug in an environment: INTERNAL for this item only
             where = traceback.extract_tb(exc.__traceback__)[-1]
+            op = type(message).__name__.lower()
             place = f"{op} ({os.path.basename(where.filename)}:{where.lineno})"
             error = ServiceError.internal(exc, place, log)
-            if op in ("create", "reset", "step"):
-                self._drop(item[0])
+            if isinstance(message, Create | Reset | Step):
+                self._drop(message.session_id)
             return error
 
     def _drop(self, session_id: str) -> None:
@@ -214,12 +196,10 @@ class Worker:
         except KeyError:
             raise ServiceError("NOT_FOUND", f"no session {session_id!r}", "session_id") from None
 
-    # ---- ops ------------------------------------------------------------------------
-    def _env_spec(self, item: tuple[str, bool]) -> EnvSpec:
-        """The listing of one env; `build`: make an instance if that is the only way to
-        learn its action space (done for enabled envs only: a simulator may be slow to start).
-        """
-        name, build = item
+    # ---- messages -------------------------------------------------------------------
+    def _env_spec(self, message: ListEnv) -> EnvSpec:
+        """The listing of one env (its action space is its class's: nothing is built)."""
+        name = message.name
         info = registry.info(name)
         schema: dict[str, Any] = {}
         action_space = None
@@ -228,13 +208,7 @@ class Worker:
             description = info.cls.description or (info.cls.__doc__ or "").strip().split("\n")[0]
             schema = info.cls.Config.model_json_schema()
             if info.unavailable is None:
-                space = getattr(info.cls, "action_space", None)
-                if not isinstance(space, ActionSpace) and build:  # an instance property
-                    env = info.cls(info.cls.Config())
-                    space = env.action_space
-                    env.close()
-                if isinstance(space, ActionSpace):
-                    action_space = space.to_json()
+                action_space = info.cls.action_space_for(info.cls.Config()).to_json()
         return EnvSpec(
             name=name,
             description=description,
@@ -244,8 +218,8 @@ class Worker:
             action_space=action_space,
         )
 
-    def _create(self, item: tuple[str, dict[str, Any]]) -> SessionReply:
-        session_id, options = item
+    def _create(self, message: Create) -> SessionReply:
+        session_id, options = message.session_id, message.options
         started = time.perf_counter()
         try:
             cls = self._env_class(options["env"])
@@ -279,18 +253,19 @@ class Worker:
             reply.info["warm_up_s"] = round(time.perf_counter() - started, 3)
         return reply
 
-    def _reset(self, item: tuple[str, int | None, str | None]) -> SessionReply:
-        session_id, seed, encoding = item
+    def _reset(self, message: Reset) -> SessionReply:
+        session_id, seed = message.session_id, message.seed
         session = self._session(session_id)
         session.seed = session.seed + 1 if seed is None else int(seed)
         session.observe(session.env.reset(session.seed))
         session.episode += 1
         session.turn = 0
         session.done = False
-        return self._reply(session_id, session, encoding, start=True)
+        return self._reply(session_id, session, message.encoding, start=True)
 
-    def _step(self, item: tuple[str, str | None, list[dict] | None, str | None]) -> SessionReply:
-        session_id, response, actions, encoding = item
+    def _step(self, message: Step) -> Stepped:
+        """Apply one turn; the reward is assembled by the service (see `Stepped`)."""
+        session_id, response, actions = message.session_id, message.response, message.actions
         session = self._session(session_id)
         if session.done:
             raise ServiceError(
@@ -298,8 +273,7 @@ class Worker:
             )
         env = session.env
         gt_before = session.obs.ground_truth
-        parts = RewardParts()
-        judge_item = None
+        score = judge_item = None
         info: dict[str, Any] = {}
         if actions is not None:  # manual play: no parsing, no format or world-model reward
             space = env.action_space
@@ -313,7 +287,6 @@ class Worker:
             ]
             transition = env.step(parsed_actions)
             parse_error = None
-            info.update(observation_score=None, prediction_score=None, judge_error=None)
         else:
             parsed = parse_response(response, session.format, env.action_space)
             parsed_actions = list(parsed.actions)
@@ -329,8 +302,6 @@ class Worker:
                 session.representation,
                 session.reasoning,
             )
-            parts.format = float(score.format)
-            parts.observation, parts.prediction = world_model_parts(score, session.reasoning)
             if session.reasoning.grader != "rule":
                 judge_item = JudgeItem.build(
                     env,
@@ -341,13 +312,7 @@ class Worker:
                     session.reasoning,
                     score,
                 )
-            info.update(
-                observation_score=score.observation_score,
-                prediction_score=score.prediction_score,
-                judge_error=score.judge_error,
-            )
             info.update(score.info or {})
-        parts.env = float(transition.reward)
         session.observe(transition.observation)
         session.turn += 1
         session.done = transition.done
@@ -362,26 +327,26 @@ class Worker:
         reply = self._reply(
             session_id,
             session,
-            encoding,
-            parts=parts,
+            message.encoding,
             terminated=transition.terminated,
             truncated=transition.truncated,
             success=transition.success,
             info=info,
         )
-        return reply if judge_item is None else NeedsJudge(reply, judge_item)
+        return Stepped(reply, float(transition.reward), score, judge_item)
 
-    def _close(self, session_id: str) -> None:
+    def _close(self, message: Close) -> None:
+        session_id = message.session_id
         session = self.sessions.pop(session_id, None)
         if session is None:
             raise ServiceError("NOT_FOUND", f"no session {session_id!r}", "session_id")
         session.env.close()
         return None
 
-    def _fork(self, item: tuple[str, list[str]]) -> dict[str, Any]:
+    def _fork(self, message: Fork) -> Forked:
         """New sessions in the source's exact state: a fresh instance of its environment
         restored from one snapshot, the same counters, last observation and options."""
-        source_id, new_ids = item
+        source_id, new_ids = message.source_id, message.new_ids
         source = self._session(source_id)
         env = source.env
         try:
@@ -406,15 +371,26 @@ class Worker:
                 session.env.close()
             raise
         self.sessions.update(made)
-        return {"tolerance": env.fork_tolerance}
+        return Forked(env.fork_tolerance)
 
-    def _frame(self, session_id: str) -> bytes:
-        session = self._session(session_id)
+    def _frame(self, message: Frame) -> bytes:
+        session = self._session(message.session_id)
         if session.last_image is None:
             raise ServiceError(
-                "NOT_FOUND", f"session {session_id} has shown no image (its observations are text)"
+                "NOT_FOUND",
+                f"session {message.session_id} has shown no image (its observations are text)",
             )
         return encode_image(session.last_image, "png").data
+
+    _HANDLERS: dict[type, Any] = {
+        ListEnv: _env_spec,
+        Create: _create,
+        Reset: _reset,
+        Step: _step,
+        Close: _close,
+        Fork: _fork,
+        Frame: _frame,
+    }
 
     # ---- replies --------------------------------------------------------------------
     def _reply(
@@ -424,17 +400,17 @@ class Worker:
         encoding: str | None,
         *,
         start: bool = False,
-        parts: RewardParts | None = None,
         terminated: bool = False,
         truncated: bool = False,
         success: bool = False,
         info: dict[str, Any] | None = None,
     ) -> SessionReply:
+        """The reply in the session's current state, with a zero reward: a create or reset
+        earns none, and a step's is assembled by the service (`service.assemble_reward`)."""
         env, obs = session.env, session.obs
         text = turn_prompt(env, obs, session.format, session.representation)
         prompt = system_prompt(env, session.format, session.representation) if start else None
         enc = encoding or session.encoding
-        parts = parts or RewardParts()
         return SessionReply(
             session_id=session_id,
             env=session.env_name,
@@ -447,24 +423,14 @@ class Worker:
                 ground_truth=plain(obs.ground_truth, "ground_truth"),
                 info=plain(obs.info, "observation.info"),
             ),
-            reward=parts.total,
-            reward_parts=parts,
+            reward=0.0,
+            reward_parts=RewardParts(),
             terminated=bool(terminated),
             truncated=bool(truncated),
             success=bool(success),
             info=plain(info or {}, "info"),
             system_prompt=prompt,
         )
-
-
-def world_model_parts(score: Any, cfg: ReasoningConfig) -> tuple[float, float]:
-    """TurnScore.world_model split into its observation and prediction rewards."""
-    if not score.world_model:
-        return 0.0, 0.0
-    return (
-        float(cfg.beta_s * (score.observation_score or 0.0)),
-        float(cfg.beta_w * (score.prediction_score or 0.0)),
-    )
 
 
 def worker_main(
@@ -488,19 +454,19 @@ def worker_main(
     # what exists now (modules, pre-warmed simulators) lives as long as the process: out of
     # every later collection (full ones over it took 100-300 ms under load: step tails)
     gc.freeze()
-    conn.send_bytes(pickle.dumps((0, ("ready", os.getpid(), warmed))))
+    conn.send_bytes(pickle.dumps((0, Ready(os.getpid(), warmed))))
     while True:
         try:
             data = conn.recv_bytes()
         except (EOFError, OSError):
             break
-        request_id, op, payload = pickle.loads(data)
-        if op == "stop":
+        request_id, batch = pickle.loads(data)
+        if isinstance(batch, Stop):
             break
         try:
-            result = worker.handle(op, payload)
+            result = worker.handle(batch)
         except Exception as exc:  # a malformed message: a bug in the service
-            result = ServiceError.internal(exc, f"worker {index} op {op!r}", log)
+            result = ServiceError.internal(exc, f"worker {index} message", log)
         conn.send_bytes(pickle.dumps((request_id, result), protocol=pickle.HIGHEST_PROTOCOL))
     for session in worker.sessions.values():
         session.env.close()

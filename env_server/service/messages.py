@@ -1,0 +1,166 @@
+"""The worker protocol: the messages between the API process and a worker process.
+
+Over the pipe of each worker go pickled envelopes ``(request_id, body)``:
+
+    API -> worker   (request_id, [message, ...])   a batch: one or more callers' messages
+    worker -> API   (request_id, [answer, ...])    one answer per message, in order
+                    (request_id, ServiceError)     the worker could not read the batch
+
+A batch is a plain list of the messages below, answered item by item: one that fails
+answers its own structured error (`ServiceError`) and the others go on. Concurrent
+callers' batches are coalesced by concatenation into one envelope (the service splits
+the answers back by length), so a coalesced message needs no type of its own. Two
+control messages travel alone: the worker's first envelope is ``(0, Ready(...))``, sent
+once it has pre-warmed the environments it was given, and ``(0, Stop())`` asks it to
+close its sessions and exit.
+
+Message (API -> worker)                 answer
+    ListEnv(name)                           EnvSpec
+    Create(session_id, options)             SessionReply (options: SessionOptions as JSON)
+    Reset(session_id, seed, encoding)       SessionReply
+    Step(session_id, response, actions, encoding)
+                                            Stepped (the reply; its reward is assembled
+                                            by the service, see `Stepped`)
+    Close(session_id)                       None
+    Fork(source_id, new_ids)                Forked (the new sessions in the source's
+                                            state, all made or none)
+    Frame(session_id)                       bytes (PNG of the last image shown)
+each answer, or a `ServiceError`.
+
+The messages are frozen, slotted dataclasses that pickle as (class, field values): a few
+times cheaper than a dataclass's default pickling, which matters as they go per step.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from env_server.reasoning import JudgeItem, TurnScore
+
+    from .models import SessionReply
+
+T = TypeVar("T")
+
+
+def message(cls: type[T]) -> type[T]:
+    """A frozen, slotted dataclass that pickles as its class and field values."""
+    cls = dataclass(frozen=True, slots=True)(cls)
+    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    if not names:
+
+        def __reduce__(self):  # noqa: N807
+            return (type(self), ())
+    elif len(names) == 1:
+        get_one = operator.attrgetter(names[0])
+
+        def __reduce__(self):  # noqa: N807
+            return (type(self), (get_one(self),))
+    else:
+        get = operator.attrgetter(*names)
+
+        def __reduce__(self):  # noqa: N807
+            return (type(self), get(self))
+
+    cls.__reduce__ = __reduce__  # type: ignore[method-assign]
+    return cls
+
+
+# ---- API process -> worker --------------------------------------------------------
+@message
+class ListEnv:
+    """The listing (`EnvSpec`) of one registered environment."""
+
+    name: str
+
+
+@message
+class Create:
+    """Make a session: build the environment and reset it with `options["seed"]`."""
+
+    session_id: str
+    options: dict[str, Any]  # SessionOptions.model_dump(mode="json")
+
+
+@message
+class Reset:
+    """A new episode: `seed`, or the session's last seed + 1 when None."""
+
+    session_id: str
+    seed: int | None = None
+    encoding: str | None = None  # the images' encoding for this reply; None: the session's
+
+
+@message
+class Step:
+    """One turn: a model's `response` (parsed and graded), or `actions` (manual play:
+    no parsing, no reasoning reward) as action dicts {name, args, payload}."""
+
+    session_id: str
+    response: str | None = None
+    actions: list[dict[str, Any]] | None = None
+    encoding: str | None = None
+
+
+@message
+class Close:
+    session_id: str
+
+
+@message
+class Fork:
+    """New sessions `new_ids` in the exact state of `source_id` (all made or none)."""
+
+    source_id: str
+    new_ids: tuple[str, ...]
+
+
+@message
+class Frame:
+    """The PNG of the latest image the session showed."""
+
+    session_id: str
+
+
+@message
+class Stop:
+    """Close every session and exit (sent alone, not in a batch)."""
+
+
+# ---- worker -> API process --------------------------------------------------------
+@message
+class Ready:
+    """The worker's first message: its pid, and per pre-warmed env the seconds its
+    warm-up took or why it failed."""
+
+    pid: int
+    warmed: dict[str, float | str]
+
+
+@message
+class Stepped:
+    """A step the worker applied; its reward is not assembled yet.
+
+    `reply` is the step's reply with a zero reward; the API process fills in `reward`,
+    `reward_parts` and the score keys of `info` in one place
+    (`service.assemble_reward`), from `env_reward`, the turn's reasoning score (`score`,
+    rule-based; None for manual play, or replaced by the LLM judge's when `judge` is set)
+    and the reward-hacking guard's penalty, which only the API process knows.
+    """
+
+    reply: SessionReply
+    env_reward: float
+    score: TurnScore | None = None
+    judge: JudgeItem | None = None  # set when the session's grader is the LLM judge
+
+
+@message
+class Forked:
+    """Fork's answer: what a restored copy may do differently (None: it is exact)."""
+
+    tolerance: str | None
+
+
+Message = ListEnv | Create | Reset | Step | Close | Fork | Frame
