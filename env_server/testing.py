@@ -91,6 +91,7 @@ from env_server.core import (
 )
 from env_server.core.env import (
     EPISODE_ENDED,
+    NO_EPISODE,
     ORACLE_BEFORE_RESET,
     STEP_BEFORE_RESET,
     StatePrompt,
@@ -415,6 +416,7 @@ class EnvironmentContract:
             step = lambda: fresh.step(list(self.valid_turns[0]))  # noqa: E731
             assert_precondition_error(step, "step", STEP_BEFORE_RESET)
             assert_precondition_error(fresh.oracle_actions, "oracle_actions", ORACLE_BEFORE_RESET)
+            assert_precondition_error(fresh.ground_truth, "ground_truth", NO_EPISODE)
         finally:
             fresh.close()
 

@@ -105,6 +105,13 @@ class EnvConfig(BaseModel):
 STEP_BEFORE_RESET = "step() before reset(): reset the episode first"
 EPISODE_ENDED = "the episode has ended; reset it to play again"
 ORACLE_BEFORE_RESET = "oracle_actions() before reset(): reset the episode first"
+NO_EPISODE = "no episode yet: reset the environment first"
+
+
+def no_episode() -> EnvError:
+    """The error of reading an environment's state (its ground truth, image or snapshot)
+    before its first reset; environments raise it from their own state accessors."""
+    return EnvError(NO_EPISODE, "FAILED_PRECONDITION")
 
 
 def over_limit(action: Action, limit: int) -> str:

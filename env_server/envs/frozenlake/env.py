@@ -30,6 +30,7 @@ from env_server.core import (
     ResponseFormat,
     Transition,
 )
+from env_server.core.env import no_episode
 from env_server.core.spatial import GradingSpec, grid_relation, grid_sentence
 
 from . import render
@@ -273,7 +274,7 @@ class FrozenLakeEnv(Environment):
     # ---- helpers --------------------------------------------------------
     def _require_gym(self) -> GymFrozenLake:
         if self._gym is None:
-            raise EnvError("no episode: call reset() first", code="FAILED_PRECONDITION")
+            raise no_episode()
         return self._gym
 
     def _player(self) -> tuple[int, int]:

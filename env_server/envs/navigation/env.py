@@ -33,6 +33,7 @@ from env_server.core import (
     StatePrompt,
     Transition,
 )
+from env_server.core.env import no_episode
 from env_server.core.spatial import GradingSpec
 
 from . import geometry, grading, oracle
@@ -234,7 +235,7 @@ class NavigationEnv(Environment):
     # ---- ground truth and text ------------------------------------------------------------
     def ground_truth(self) -> dict[str, Any]:
         if self.task is None:
-            raise EnvError("call reset first", code="FAILED_PRECONDITION")
+            raise no_episode()
         if self._gt is None:
             objects = self.backend.objects()
             target = next((o for o in objects if o.id == self.task.target_id), None)

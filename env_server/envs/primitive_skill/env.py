@@ -39,6 +39,7 @@ from env_server.core import (
     StatePrompt,
     Transition,
 )
+from env_server.core.env import no_episode
 from env_server.core.spatial import GradingSpec
 
 from . import grading
@@ -255,7 +256,7 @@ class PrimitiveSkillEnv(Environment):
 
     def ground_truth(self) -> dict[str, Any]:
         if self._seed is None:
-            raise EnvError("reset the environment first", code="FAILED_PRECONDITION")
+            raise no_episode()
         stages = self._stages()
         return {
             "task": self.task.name,
@@ -358,7 +359,7 @@ class PrimitiveSkillEnv(Environment):
         counters; restore() puts a scene of the same task back into it. Contact caches
         are not part of the state, so a held object may settle by a few millimetres."""
         if self._seed is None:
-            raise EnvError("reset the environment first", code="FAILED_PRECONDITION")
+            raise no_episode()
         sim = _clone(self.scene.get_state_dict())
         episode = {k: copy.deepcopy(getattr(self, k)) for k in _EPISODE_FIELDS}
         arm = (self.arm.gripper, self.arm.yaw, self.arm.steps)

@@ -25,6 +25,7 @@ from env_server.core import (
     ResponseFormat,
     Transition,
 )
+from env_server.core.env import no_episode
 from env_server.core.spatial import GradingSpec, grid_relation, grid_sentence
 
 from . import render
@@ -303,7 +304,7 @@ class SokobanEnv(Environment):
 
     def _require_level(self) -> Level:
         if self._level is None:
-            raise EnvError("no episode: call reset() first", code="FAILED_PRECONDITION")
+            raise no_episode()
         return self._level
 
 

@@ -40,6 +40,7 @@ from env_server.core import (
     StatePrompt,
     Transition,
 )
+from env_server.core.env import no_episode
 from env_server.core.spatial import GradingSpec
 
 from .._feedback import Attempts, FeedbackConfig, feedback_observation
@@ -337,7 +338,7 @@ class SvgEnv(Environment):
     # ---- helpers --------------------------------------------------------
     def _episode(self) -> Episode:
         if self._ep is None:
-            raise EnvError("the environment has not been reset", code="FAILED_PRECONDITION")
+            raise no_episode()
         return self._ep
 
     def _check_action(self, action: Action) -> str | None:

@@ -41,7 +41,7 @@ from env_server.core import (
     ResponseFormat,
     Transition,
 )
-from env_server.core.env import StatePrompt
+from env_server.core.env import StatePrompt, no_episode
 from env_server.core.spatial import GradingSpec
 
 from .._feedback import Attempts, FeedbackConfig, feedback_observation
@@ -319,7 +319,7 @@ class VicritEnv(Environment):
 
     def _episode(self) -> Episode:
         if self._ep is None:
-            raise EnvError("the environment has not been reset", code="FAILED_PRECONDITION")
+            raise no_episode()
         return self._ep
 
     def _observation(self) -> Observation:
