@@ -383,7 +383,9 @@ class Session:
     last_reply: SessionReply | None = None
     last_used: float = field(default_factory=time.monotonic)
     busy: asyncio.Future | None = None  # set while a call on this session is in flight
-    guard: ResponseGuard | None = None  # a fork's own guard; None: the one of its config
+    # the guard its responses are counted in: its config's (shared by every session of that
+    # config) or, for a fork, its own copy; None until first needed
+    guard: ResponseGuard | None = None
 
 
 def _validate(model: type[M], raw: M | Mapping[str, Any]) -> M | ServiceError:
@@ -785,15 +787,15 @@ class EnvService:
         return fork.last_reply
 
     def _guard_of(self, session: Session) -> ResponseGuard:
-        """The session's reasoning guard: a fork's own copy, else the one of its config."""
-        if session.guard is not None:
-            return session.guard
-        cfg = session.reasoning.guard
-        key = cfg.model_dump_json()
-        guard = self._guards.get(key)
-        if guard is None:
-            guard = self._guards[key] = ResponseGuard(cfg)
-        return guard
+        """The session's reasoning guard: a fork's own copy, else the one of its config
+        (looked up once, then remembered on the session)."""
+        if session.guard is None:
+            key = session.reasoning.guard.model_dump_json()
+            guard = self._guards.get(key)
+            if guard is None:
+                guard = self._guards[key] = ResponseGuard(session.reasoning.guard)
+            session.guard = guard
+        return session.guard
 
     async def frame(self, session_id: str) -> bytes:
         session = self._lookup(session_id)
