@@ -391,6 +391,17 @@ class AsyncEnvClient:
         )
         return results if return_exceptions else _raise_first(results)
 
+    async def frame(
+        self, session_ids: str | Sequence[str], *, return_exceptions: bool = False
+    ) -> list[Any]:
+        """The PNG bytes of the latest image each session showed (what the play page
+        draws); NotFound for a session whose observations have all been text."""
+        ids = _as_list(session_ids)
+        results = await self._per_server(
+            ids, lambda server, pos: server.frame([ids[p] for p in pos]), self._lost
+        )
+        return results if return_exceptions else _raise_first(results)
+
     async def close(self, session_ids: str | Sequence[str]) -> list[VisenvError | None]:
         """Close sessions; answers None per closed session, or the error (not raised:
         closing a session that is already gone is not worth failing over)."""
@@ -544,6 +555,9 @@ class EnvClient:
 
     def get(self, session_ids: str | Sequence[str], **kw: Any) -> list[Any]:
         return self._loop.run(self._client.get(session_ids, **kw))
+
+    def frame(self, session_ids: str | Sequence[str], **kw: Any) -> list[Any]:
+        return self._loop.run(self._client.frame(session_ids, **kw))
 
     def close(self, session_ids: str | Sequence[str]) -> list[VisenvError | None]:
         return self._loop.run(self._client.close(session_ids))

@@ -72,6 +72,10 @@ class Transport(ABC):
     async def close(self, session_ids: list[str]) -> list[VisenvError | None]: ...
 
     @abstractmethod
+    async def frame(self, session_ids: list[str]) -> list[bytes | VisenvError]:
+        """The PNG of the latest image each session showed, or its error."""
+
+    @abstractmethod
     async def fork(self, items: list[tuple[str, int]]) -> list[ForkResult]:
         """(session_id, n) items: each answers its n forks' replies, or one error."""
 
@@ -96,7 +100,8 @@ class HttpTransport(Transport):
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
         )
 
-    async def _call(self, method: str, path: str, body: Any = None) -> Any:
+    async def _call(self, method: str, path: str, body: Any = None, raw: bool = False) -> Any:
+        """The JSON answer of one request (its bytes with `raw`); errors raised typed."""
         try:
             resp = await self._http.request(method, path, json=body)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -116,7 +121,7 @@ class HttpTransport(Transport):
             ) from exc
         if resp.status_code >= 400:
             raise _http_error(resp)
-        return resp.json()
+        return resp.content if raw else resp.json()
 
     async def list_envs(self) -> list[EnvSpec]:
         data = await self._call("GET", "/v1/envs")
@@ -160,6 +165,19 @@ class HttpTransport(Transport):
     async def close(self, session_ids: list[str]) -> list[VisenvError | None]:
         data = await self._call("POST", "/v1/batch/close", {"session_ids": list(session_ids)})
         return _typed(wire.close_from_json(data))
+
+    async def frame(self, session_ids: list[str]) -> list[bytes | VisenvError]:
+        """One GET /v1/sessions/{id}/frame.png per session, all at once."""
+
+        async def one(sid: str) -> bytes | VisenvError:
+            try:
+                return await self._call("GET", f"/v1/sessions/{sid}/frame.png", raw=True)
+            except VisenvError as exc:
+                if isinstance(exc, DeadlineExceeded) or exc.code == "UNAUTHENTICATED":
+                    raise
+                return exc
+
+        return list(await asyncio.gather(*(one(sid) for sid in session_ids)))
 
     async def fork(self, items: list[tuple[str, int]]) -> list[ForkResult]:
         body = {"items": [{"session_id": sid, "n": n} for sid, n in items]}
@@ -254,6 +272,10 @@ class GrpcTransport(Transport):
     async def close(self, session_ids: list[str]) -> list[VisenvError | None]:
         resp = await self._call("Close", pb.CloseRequest(session_ids=session_ids))
         return _typed(wire.close_from_proto(resp))
+
+    async def frame(self, session_ids: list[str]) -> list[bytes | VisenvError]:
+        resp = await self._call("Frame", pb.FrameRequest(session_ids=session_ids))
+        return _typed(wire.frames_from_proto(resp))
 
     async def fork(self, items: list[tuple[str, int]]) -> list[ForkResult]:
         req = pb.ForkRequest(items=[pb.ForkItem(session_id=sid, n=n) for sid, n in items])

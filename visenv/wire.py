@@ -823,6 +823,21 @@ def close_from_proto(msg: pb.CloseResponse) -> list[Error | None]:
     return [None if r.ok else Error.from_proto(r.error) for r in msg.results]
 
 
+def frames_to_proto(results: Iterable[bytes | _ErrorLike]) -> pb.FrameResponse:
+    """Frame's answer: each session's PNG, or its error."""
+    out = pb.FrameResponse()
+    for result in results:
+        if isinstance(result, bytes):
+            out.results.add(png=result)
+        else:
+            out.results.add(error=Error.of(result).to_proto())
+    return out
+
+
+def frames_from_proto(msg: pb.FrameResponse) -> list[bytes | Error]:
+    return [r.png if r.HasField("png") else Error.from_proto(r.error) for r in msg.results]
+
+
 def step_request(items: Iterable[StepItem]) -> pb.StepRequest:
     out = pb.StepRequest()
     for item in items:

@@ -184,6 +184,19 @@ class VisenvServicer(pb_grpc.VisenvServicer):
     ) -> pb.StatusResponse:
         return pb.StatusResponse(status_json=json.dumps(await self.service.health()))
 
+    @_guarded
+    async def Frame(
+        self, request: pb.FrameRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FrameResponse:
+        async def one(session_id: str) -> bytes | ServiceError:
+            try:
+                return await self.service.frame(session_id)
+            except ServiceError as error:
+                return error
+
+        ids = list(request.session_ids)
+        return wire.frames_to_proto(await asyncio.gather(*(one(sid) for sid in ids)))
+
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
     """Refuses every call without `authorization: Bearer <token>`, except health."""

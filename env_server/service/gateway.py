@@ -30,7 +30,6 @@ from pydantic import BaseModel, ValidationError
 
 from visenv import wire
 
-from .images import encode_image
 from .metrics import Metrics
 from .models import (
     EnvSpec,
@@ -313,15 +312,12 @@ class GatewayService:
         return results  # type: ignore[return-value]
 
     async def frame(self, session_id: str) -> bytes:
-        result = (await self.get([session_id]))[0]
+        """The upstream's frame of the session (its Frame RPC: the latest image shown)."""
+        # not `_checked`: NOT_FOUND here may mean "no image yet" of a live session
+        result = (await self._fan_out([(self._server_of(session_id), session_id)], "frame"))[0]
         if isinstance(result, ServiceError):
             raise result
-        if not result.observation.images:
-            raise ServiceError("NOT_FOUND", f"session {session_id!r} has no image", "session_id")
-        image = result.observation.images[0]
-        if image.encoding == "png":
-            return image.data
-        return encode_image(image.to_array(), "png").data
+        return result
 
     async def health(self) -> dict[str, Any]:
         return {

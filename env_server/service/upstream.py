@@ -108,5 +108,9 @@ class Upstream:
         req = pb.ForkRequest(items=[pb.ForkItem(session_id=sid, n=n) for sid, n in items])
         return _results(wire.fork_from_proto(await self._call("Fork", req)))
 
+    async def frame(self, session_ids: list[str]) -> list[bytes | ServiceError]:
+        resp = await self._call("Frame", pb.FrameRequest(session_ids=session_ids))
+        return _results(wire.frames_from_proto(resp))
+
     async def aclose(self) -> None:
         await self._channel.close()

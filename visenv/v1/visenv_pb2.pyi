@@ -265,6 +265,26 @@ class CloseResponse(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[CloseResult]
     def __init__(self, results: _Optional[_Iterable[_Union[CloseResult, _Mapping]]] = ...) -> None: ...
 
+class FrameRequest(_message.Message):
+    __slots__ = ("session_ids",)
+    SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    session_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class FrameResult(_message.Message):
+    __slots__ = ("png", "error")
+    PNG_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    png: bytes
+    error: Error
+    def __init__(self, png: _Optional[bytes] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+
+class FrameResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[FrameResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[FrameResult, _Mapping]]] = ...) -> None: ...
+
 class ForkItem(_message.Message):
     __slots__ = ("session_id", "n")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

@@ -74,6 +74,11 @@ class VisenvStub:
                 request_serializer=visenv_dot_v1_dot_visenv__pb2.StatusRequest.SerializeToString,
                 response_deserializer=visenv_dot_v1_dot_visenv__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.Frame = channel.unary_unary(
+                '/visenv.v1.Visenv/Frame',
+                request_serializer=visenv_dot_v1_dot_visenv__pb2.FrameRequest.SerializeToString,
+                response_deserializer=visenv_dot_v1_dot_visenv__pb2.FrameResponse.FromString,
+                _registered_method=True)
 
 
 class VisenvServicer:
@@ -138,6 +143,14 @@ class VisenvServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Frame(self, request, context):
+        """The latest image each session showed, as PNG (REST: GET /v1/sessions/{id}/frame.png);
+        NOT_FOUND for a session that has shown none.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VisenvServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -180,6 +193,11 @@ def add_VisenvServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=visenv_dot_v1_dot_visenv__pb2.StatusRequest.FromString,
                     response_serializer=visenv_dot_v1_dot_visenv__pb2.StatusResponse.SerializeToString,
+            ),
+            'Frame': grpc.unary_unary_rpc_method_handler(
+                    servicer.Frame,
+                    request_deserializer=visenv_dot_v1_dot_visenv__pb2.FrameRequest.FromString,
+                    response_serializer=visenv_dot_v1_dot_visenv__pb2.FrameResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -398,6 +416,33 @@ class Visenv:
             '/visenv.v1.Visenv/Status',
             visenv_dot_v1_dot_visenv__pb2.StatusRequest.SerializeToString,
             visenv_dot_v1_dot_visenv__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Frame(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/visenv.v1.Visenv/Frame',
+            visenv_dot_v1_dot_visenv__pb2.FrameRequest.SerializeToString,
+            visenv_dot_v1_dot_visenv__pb2.FrameResponse.FromString,
             options,
             channel_credentials,
             insecure,
