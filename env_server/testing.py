@@ -96,6 +96,7 @@ from env_server.core.env import (
     STEP_BEFORE_RESET,
     StatePrompt,
     over_limit,
+    unknown_action,
 )
 
 UNKNOWN_ACTION = "definitely_not_an_action"
@@ -452,6 +453,12 @@ class EnvironmentContract:
             assert all(type(m) is str and m for m in tr.invalid_actions)
             assert not tr.success, f"[{names}]: an invalid turn succeeded"
             self.check_transition_types(tr, f"invalid turn [{names}]")
+        # an unknown name in a space of names is refused in the base class's words
+        if env.action_space.kind is ActionKind.DISCRETE:
+            env.reset(self.seeds[0])
+            tr = env.step([Action(UNKNOWN_ACTION)])
+            wanted = unknown_action(Action(UNKNOWN_ACTION), env.action_space)
+            assert tr.invalid_actions == [wanted], tr.invalid_actions
 
     def test_actions_over_the_turn_limit_are_reported_not_raised(self, env: Environment) -> None:
         env.reset(self.seeds[0])

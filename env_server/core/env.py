@@ -119,6 +119,11 @@ def over_limit(action: Action, limit: int) -> str:
     return f"{action.name}: over the limit of {limit} actions per turn"
 
 
+def unknown_action(action: Action, space: ActionSpace) -> str:
+    """The refusal of an action whose name is not in the action space."""
+    return f"{action.name}: unknown action; use one of {', '.join(space.names)}"
+
+
 def check_seed(seed: Any) -> int:
     """`seed` as an int, or EnvError (INVALID_ARGUMENT) if it is not a non-negative integer."""
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:

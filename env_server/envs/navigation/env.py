@@ -33,7 +33,7 @@ from env_server.core import (
     StatePrompt,
     Transition,
 )
-from env_server.core.env import no_episode
+from env_server.core.env import no_episode, unknown_action
 from env_server.core.spatial import GradingSpec
 
 from . import geometry, grading, oracle
@@ -170,7 +170,7 @@ class NavigationEnv(Environment):
         for action in actions:
             name = self.action_space.lookup(action.name)
             if name is None:
-                invalid.append(f"{action.name}: unknown action (valid: {', '.join(ACTIONS)})")
+                invalid.append(unknown_action(action, self.action_space))
                 break  # the rest of the turn was planned on top of it
             if success or self.actions_taken >= cfg.max_actions_per_episode:
                 break

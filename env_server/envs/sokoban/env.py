@@ -25,7 +25,7 @@ from env_server.core import (
     ResponseFormat,
     Transition,
 )
-from env_server.core.env import no_episode
+from env_server.core.env import no_episode, unknown_action
 from env_server.core.spatial import GradingSpec, grid_relation, grid_sentence
 
 from . import render
@@ -182,7 +182,7 @@ class SokobanEnv(Environment):
         for action in actions:
             name = self.action_space.lookup(action.name)
             if name is None:
-                invalid.append(f"{action.name}: unknown action; use one of {', '.join(ACTIONS)}")
+                invalid.append(unknown_action(action, self.action_space))
                 continue
             if level.solved:
                 skipped.append(name)  # the episode ended earlier in this turn
