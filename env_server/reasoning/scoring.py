@@ -43,6 +43,10 @@ class TurnScore:
     judge_error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
+    def __reduce__(self):  # pickled per step (worker -> service): as its field values
+        return (TurnScore, (self.format, self.observation_score, self.prediction_score,
+                            self.world_model, self.judge_error, self.info))  # fmt: skip
+
     @property
     def total(self) -> float:
         return self.format + self.world_model
