@@ -244,7 +244,7 @@ async def bytes_per_env_step(
         req = pb.StepRequest()
         for it in items:
             req.items.add(session_id=it.session_id, step_index=it.step_index, response=it.response)
-        resp = await transport._stub.Step(req, timeout=60)  # noqa: SLF001
+        resp = await transport.rpc.stub.Step(req, timeout=60)
         total = req.ByteSize() + resp.ByteSize()
     else:
         assert isinstance(transport, HttpTransport)

@@ -18,7 +18,6 @@ import httpx
 
 from visenv import wire
 from visenv.v1 import visenv_pb2 as pb
-from visenv.v1 import visenv_pb2_grpc as pb_grpc
 from visenv.wire import StepItem
 
 from .errors import (
@@ -32,14 +31,6 @@ from .types import EnvSpec, SessionOptions, SessionReply
 
 ItemResult = SessionReply | VisenvError
 ForkResult = list[SessionReply] | VisenvError  # a fork item is answered whole
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-GRPC_CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
 
 
 class Transport(ABC):
@@ -218,15 +209,11 @@ class GrpcTransport(Transport):
     def __init__(self, address: str, token: str | None, timeout: float) -> None:
         super().__init__(address, token, timeout)
         target = address.split("://", 1)[1] if "://" in address else address
-        self._channel = grpc.aio.insecure_channel(target, options=GRPC_CHANNEL_OPTIONS)
-        self._stub = pb_grpc.VisenvStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self.rpc = wire.Channel(target, token, timeout)
 
     async def _call(self, method: str, request: Any) -> Any:
         try:
-            return await getattr(self._stub, method)(
-                request, timeout=self.timeout, metadata=self._metadata
-            )
+            return await self.rpc.call(method, request)
         except grpc.aio.AioRpcError as exc:
             raise self._translate(exc) from exc
 
@@ -283,7 +270,7 @@ class GrpcTransport(Transport):
         return _typed(wire.fork_from_proto(resp, SessionReply, server=self.address))
 
     async def aclose(self) -> None:
-        await self._channel.close()
+        await self.rpc.aclose()
 
 
 def make_transport(address: str, default: str, token: str | None, timeout: float) -> Transport:

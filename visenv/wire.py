@@ -36,6 +36,7 @@ import numpy as np
 from typing_extensions import TypedDict  # pydantic reads typing's only from Python 3.12
 
 from visenv.v1 import visenv_pb2 as pb
+from visenv.v1 import visenv_pb2_grpc as pb_grpc
 
 # how pydantic reads these dataclasses for FastAPI's OpenAPI document: descriptions from
 # the attributes' docstrings, bytes as base64 strings (schemas only: to_json writes the JSON)
@@ -109,6 +110,38 @@ def code_of_grpc(status: grpc.StatusCode, default: str = "INTERNAL") -> str:
     """The wire code of a gRPC status that came without `visenv-code` metadata (from grpc
     itself or a proxy: e.g. a bare RESOURCE_EXHAUSTED is grpc's message size limit)."""
     return _CODE_OF_GRPC.get(status, default)
+
+
+# a client's channel to a visenv gRPC server (the SDK's and the gateway's): big messages
+# (raw images of a batch), and quick reconnects after a server restart
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+class Channel:
+    """The visenv.v1 service of one server over one grpc.aio channel, every call with the
+    bearer token (if any) and a deadline. `call` raises grpc's AioRpcError as it comes:
+    each caller turns it into its own errors (the SDK's typed ones, the gateway's)."""
+
+    def __init__(self, target: str, token: str | None, timeout: float) -> None:
+        self.timeout = timeout
+        self.channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self.stub = pb_grpc.VisenvStub(self.channel)
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else None
+
+    async def call(self, method: str, request: Any) -> Any:
+        return await getattr(self.stub, method)(
+            request, timeout=self.timeout, metadata=self.metadata
+        )
+
+    async def aclose(self) -> None:
+        await self.channel.close()
 
 
 def rpc_error_code(exc: grpc.aio.AioRpcError) -> str | None:

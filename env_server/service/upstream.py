@@ -18,17 +18,8 @@ import grpc
 
 from visenv import wire
 from visenv.v1 import visenv_pb2 as pb
-from visenv.v1 import visenv_pb2_grpc as pb_grpc
 
 from .models import EnvSpec, ServiceError, SessionReply
-
-CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", 256 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
 
 Result = SessionReply | ServiceError
 
@@ -55,15 +46,11 @@ class Upstream:
     def __init__(self, address: str, token: str | None, timeout: float) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-        self._stub = pb_grpc.VisenvStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._rpc = wire.Channel(address, token, timeout)
 
     async def _call(self, method: str, request: Any) -> Any:
         try:
-            return await getattr(self._stub, method)(
-                request, timeout=self.timeout, metadata=self._metadata
-            )
+            return await self._rpc.call(method, request)
         except grpc.aio.AioRpcError as exc:
             code = wire.rpc_error_code(exc)
             if code is not None:  # an answer of the upstream's visenv servicer
@@ -113,4 +100,4 @@ class Upstream:
         return _results(wire.frames_from_proto(resp))
 
     async def aclose(self) -> None:
-        await self._channel.close()
+        await self._rpc.aclose()
