@@ -144,8 +144,8 @@ class Environment(ABC):
       overridden to grade them itself (then `grading` may be None);
     - `render_answer(action)`: the picture an agent's answer draws, where there is one
       (the svg environment renders the agent's SVG); None otherwise;
-    - `state_prompt(rep)`, `fork_tolerance`, `unavailable_reason()` where they differ
-      from the defaults.
+    - `state_prompt(rep)`, `fork_tolerance`, `unavailable_reason()`, `_snapshot` /
+      `_restore` where they differ from the defaults.
 
     What the base class does, in one place, for every environment (as gymnasium's
     `TimeLimit` and `PassiveEnvChecker` do around an `Env`):
@@ -157,7 +157,9 @@ class Environment(ABC):
       turn, calls `_apply(actions)` and truncates the episode when `config.max_turns`
       turns have been played and it has not terminated;
     - `oracle_actions()` refuses before reset, answers [] once the episode ended, and
-      otherwise asks `_oracle()`.
+      otherwise asks `_oracle()`;
+    - `snapshot()` / `restore()` carry its own counters (turn, episode phase) beside the
+      environment's `_snapshot()` / `_restore()`.
 
     So an environment implements `_reset`, `_apply`, `_oracle`, `ground_truth`,
     `describe` and `system_prompt`, and reads `self.turn` (turns played, counting the
@@ -307,15 +309,23 @@ class Environment(ABC):
         return None
 
     def snapshot(self) -> Any:
-        """An opaque copy of the whole state, so a session can be forked.
-
-        The default deep-copies the instance's attributes; environments that hold
-        simulator handles override both methods or raise NotImplementedError.
-        """
-        return copy.deepcopy(self.__dict__)
+        """An opaque copy of the whole state, so a session can be forked: the episode's
+        counters kept by this base class, and the environment's own state (`_snapshot`)."""
+        return self.turn, self._phase, self._snapshot()
 
     def restore(self, snapshot: Any) -> None:
-        self.__dict__.update(copy.deepcopy(snapshot))
+        turn, phase, state = snapshot
+        self._restore(state)  # may reset the environment first (a simulator's scene)
+        self.turn, self._phase = turn, phase
+
+    def _snapshot(self) -> Any:
+        """The environment's own state. The default deep-copies the instance's attributes;
+        environments that hold simulator handles override `_snapshot` and `_restore`, or
+        raise NotImplementedError (their sessions can't be forked)."""
+        return copy.deepcopy(self.__dict__)
+
+    def _restore(self, state: Any) -> None:
+        self.__dict__.update(copy.deepcopy(state))
 
 
 class _Phase(Enum):

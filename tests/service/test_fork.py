@@ -18,7 +18,7 @@ class NoSnapshotEnv(TinyEnv):
 
     name = "nosnap"
 
-    def snapshot(self) -> Any:
+    def _snapshot(self) -> Any:
         raise NotImplementedError
 
 

@@ -176,12 +176,12 @@ class FrozenLakeEnv(Environment):
         self._gym = None
 
     # ---- snapshot (gymnasium's pygame surfaces can't be deep-copied) ------
-    def snapshot(self) -> dict[str, Any]:
+    def _snapshot(self) -> dict[str, Any]:
         gym = self._require_gym()
         state = {k: v for k, v in self.__dict__.items() if k != "_gym"}
         return {"state": copy.deepcopy(state), "s": int(gym.s), "lastaction": gym.lastaction}
 
-    def restore(self, snapshot: dict[str, Any]) -> None:
+    def _restore(self, snapshot: dict[str, Any]) -> None:
         state = copy.deepcopy(snapshot["state"])
         desc = tuple(state["_desc"])
         if self._gym is None or desc != self._desc:

@@ -307,21 +307,18 @@ class NavigationEnv(Environment):
     def close(self) -> None:
         self.backend.close()
 
-    def snapshot(self) -> Any:
+    def _snapshot(self) -> Any:
         return {
             "task": self.task,
             "agent": self.backend.agent_state(),
-            "turn": self.turn,
-            "phase": self._phase,
             "actions_taken": self.actions_taken,
         }
 
-    def restore(self, snapshot: Any) -> None:
+    def _restore(self, snapshot: Any) -> None:
         self.task = snapshot["task"]
         if self.task is not None:
             self.backend.reset(self.task)
             self.backend.set_agent_state(snapshot["agent"])
-        self.turn, self._phase = snapshot["turn"], snapshot["phase"]
         self.actions_taken = snapshot["actions_taken"]
         self._gt = None
 

@@ -354,7 +354,7 @@ class PrimitiveSkillEnv(Environment):
             self._closed = True
             self.scene.close()
 
-    def snapshot(self) -> Any:
+    def _snapshot(self) -> Any:
         """The simulator state (poses, velocities, joint positions) plus the episode's
         counters; restore() puts a scene of the same task back into it. Contact caches
         are not part of the state, so a held object may settle by a few millimetres."""
@@ -366,7 +366,7 @@ class PrimitiveSkillEnv(Environment):
         return {"task": self.task.name, "sim": sim, "episode": episode, "arm": arm,
                 "held": self.skills.held}
 
-    def restore(self, snapshot: Any) -> None:
+    def _restore(self, snapshot: Any) -> None:
         if snapshot.get("task") != self.task.name:
             raise EnvError(f"snapshot of {snapshot.get('task')!r} cannot be restored into a "
                            f"{self.task.name!r} scene", code="INVALID_ARGUMENT")
@@ -382,8 +382,8 @@ class PrimitiveSkillEnv(Environment):
         self.arm.wait(1)
 
 
-# the episode's fields beside the simulator state (turn and _phase: the base class's)
-_EPISODE_FIELDS = ("_seed", "turn", "_phase", "_used", "_start_score", "_order")
+# the episode's fields beside the simulator state (the turn count is the base class's)
+_EPISODE_FIELDS = ("_seed", "_used", "_start_score", "_order")
 
 
 def _clone(state: Any) -> Any:

@@ -328,12 +328,11 @@ class SvgEnv(Environment):
         """Describe the picture (what `grade_description` rewards), with a made-up example."""
         return grading.state_prompt(representation)
 
-    def snapshot(self) -> Any:
-        return {"episode": copy.deepcopy(self._ep), "turn": self.turn, "phase": self._phase}
+    def _snapshot(self) -> Any:
+        return copy.deepcopy(self._ep)
 
-    def restore(self, snapshot: Any) -> None:
-        self._ep = copy.deepcopy(snapshot["episode"])
-        self.turn, self._phase = snapshot["turn"], snapshot["phase"]
+    def _restore(self, snapshot: Any) -> None:
+        self._ep = copy.deepcopy(snapshot)
 
     # ---- helpers --------------------------------------------------------
     def _episode(self) -> Episode:

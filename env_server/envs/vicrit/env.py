@@ -276,11 +276,11 @@ class VicritEnv(Environment):
             answer=_EXAMPLE_SPAN,
         )
 
-    def snapshot(self) -> Any:
+    def _snapshot(self) -> Any:
         # everything but the JSONL rows, which never change (and may be many)
         return copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "rows"})
 
-    def restore(self, snapshot: Any) -> None:
+    def _restore(self, snapshot: Any) -> None:
         self.__dict__.update(copy.deepcopy(snapshot))
 
     # ---- helpers --------------------------------------------------------
