@@ -77,8 +77,6 @@ class WorkerSession:
     seed: int
     obs: Observation
     episode: int = 0
-    turn: int = 0
-    done: bool = False
     images: ImageCache = field(default_factory=ImageCache)
     # the latest image the session showed: what /frame serves when the current observation
     # is text only (unary feedback after an answer, a text-mode turn)
@@ -259,19 +257,13 @@ class Worker:
         session.seed = session.seed + 1 if seed is None else int(seed)
         session.observe(session.env.reset(session.seed))
         session.episode += 1
-        session.turn = 0
-        session.done = False
         return self._reply(session_id, session, message.encoding, start=True)
 
     def _step(self, message: Step) -> Stepped:
         """Apply one turn; the reward is assembled by the service (see `Stepped`)."""
         session_id, response, actions = message.session_id, message.response, message.actions
         session = self._session(session_id)
-        if session.done:
-            raise ServiceError(
-                "FAILED_PRECONDITION", f"the episode of {session_id} has ended; reset the session"
-            )
-        env = session.env
+        env = session.env  # a step after the episode ended: the environment refuses it
         gt_before = session.obs.ground_truth
         score = judge_item = None
         info: dict[str, Any] = {}
@@ -314,8 +306,6 @@ class Worker:
                 )
             info.update(score.info or {})
         session.observe(transition.observation)
-        session.turn += 1
-        session.done = transition.done
         info.update(
             action_valid=parse_error is None and not transition.invalid_actions,
             actions_executed=transition.actions_executed,
@@ -414,9 +404,9 @@ class Worker:
         return SessionReply(
             session_id=session_id,
             env=session.env_name,
-            step_index=session.turn,
+            step_index=session.env.turn,
             episode=session.episode,
-            turn=session.turn,
+            turn=session.env.turn,
             observation=ObservationReply(
                 text=text,
                 images=session.images.encode(obs.images, enc),
