@@ -2,7 +2,6 @@
 
 from .models import (
     EnvSpec,
-    ObservationReply,
     ResetItem,
     RewardParts,
     ServiceError,
@@ -16,7 +15,6 @@ from .settings import Settings
 __all__ = [
     "EnvService",
     "EnvSpec",
-    "ObservationReply",
     "ResetItem",
     "RewardParts",
     "ServiceError",

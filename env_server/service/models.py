@@ -19,13 +19,9 @@ from visenv.wire import (
     EnvSpec,
     Error,
     ImageEncoding,
-    Observation,
     RewardParts,
     SessionReply,
 )
-
-# the name the worker builds replies with (the same class)
-ObservationReply = Observation
 
 
 # ---------------------------------------------------------------------------- requests
@@ -190,7 +186,7 @@ def _rebuild_error(code: str, message: str, field: str | None, error_id: str | N
 
 __all__ = [
     "MAX_FORKS", "ActionModel", "BatchClose", "BatchCreate", "BatchFork", "BatchReset",
-    "BatchStep", "EnvSpec", "ForkBody", "ForkItem", "ImageEncoding", "ObservationReply",
+    "BatchStep", "EnvSpec", "ForkBody", "ForkItem", "ImageEncoding",
     "ResetBody", "ResetItem", "RewardParts", "ServiceError", "SessionOptions", "SessionReply",
     "StepBody", "StepItem",
 ]  # fmt: skip

@@ -44,6 +44,7 @@ from env_server.reasoning import (
     system_prompt,
     turn_prompt,
 )
+from visenv import wire
 
 from .images import ImageCache, encode_image
 from .messages import (
@@ -60,7 +61,7 @@ from .messages import (
     Stepped,
     Stop,
 )
-from .models import EnvSpec, ObservationReply, RewardParts, ServiceError, SessionReply
+from .models import EnvSpec, RewardParts, ServiceError, SessionReply
 
 log = logging.getLogger("visenv.worker")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s"
@@ -407,7 +408,7 @@ class Worker:
             step_index=session.env.turn,
             episode=session.episode,
             turn=session.env.turn,
-            observation=ObservationReply(
+            observation=wire.Observation(
                 text=text,
                 images=session.images.encode(obs.images, enc),
                 ground_truth=plain(obs.ground_truth, "ground_truth"),
