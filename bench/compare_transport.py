@@ -2,8 +2,8 @@
 after, ... (alternating, so that a busy machine weighs on both alike), then one table of
 env-steps/s per variant: the median over rounds of each run's median.
 
-    git worktree add /tmp/before <commit>
-    python bench/compare_transport.py /tmp/before --rounds 2 --json docs/compare.json
+    git worktree add ../visenv-before <commit>
+    python bench/compare_transport.py ../visenv-before --rounds 2 --json compare.json
 
 Each run starts its own server from its own checkout (`bench/bench_transport.py` there).
 """
