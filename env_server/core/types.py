@@ -17,13 +17,19 @@ IMAGE_PLACEHOLDER = "<image>"
 
 
 class ResponseFormat(str, Enum):
-    """How the agent must lay out its response (VAGEN's five reasoning formats)."""
+    """How the agent must lay out its response: the VAGEN paper's five reasoning formats
+    (parsed strictly), and VAGEN main's formats (`vagen_*`, parsed as VAGEN main does)."""
 
     NO_THINK = "no_think"
     FREE_THINK = "free_think"
     GROUNDING = "grounding"
     WORLDMODELING = "worldmodeling"
     GROUNDING_WORLDMODELING = "grounding_worldmodeling"
+    VAGEN_FREE_THINK = "vagen_free_think"
+    VAGEN_WM = "vagen_wm"
+    VAGEN_FREE_WM = "vagen_free_wm"
+    VAGEN_NO_THINK = "vagen_no_think"
+    VAGEN_EVAL_MODE = "vagen_eval_mode"
 
 
 class Representation(str, Enum):
@@ -86,12 +92,17 @@ class ActionSpace:
     max_per_turn: int
     arity: dict[str, int] = field(default_factory=dict)
     description: str = ""
+    aliases: dict[str, str] = field(default_factory=dict)  # other spelling -> canonical name
 
     def lookup(self, name: str) -> str | None:
-        """The canonical spelling of `name` (case-insensitive), or None if unknown."""
+        """The canonical spelling of `name` or of one of its aliases (case-insensitive),
+        or None if unknown."""
         wanted = name.strip().lower()
         for canonical in self.names:
             if canonical.lower() == wanted:
+                return canonical
+        for alias, canonical in self.aliases.items():
+            if alias.lower() == wanted:
                 return canonical
         return None
 

@@ -42,6 +42,12 @@ from .backend import ACTIONS, Backend, BackendSettings
 from .tasks import TASK_SETS, NavTask
 
 SUCCESS_REWARD = 10.0
+# VAGEN main's spellings of our actions (vagen/envs/navigation/navigation_env.py), accepted too
+VAGEN_MAIN_NAMES = {
+    "move_forward": "moveahead", "move_backward": "moveback", "move_left": "moveleft",
+    "move_right": "moveright", "turn_left": "rotateleft", "turn_right": "rotateright",
+    "look_up": "lookup", "look_down": "lookdown",
+}  # fmt: skip
 DEFAULT_FOV = 100.0  # degrees, as in the paper's AI2-THOR setup
 
 TaskSet = Literal[
@@ -62,6 +68,7 @@ class NavigationConfig(EnvConfig):
     max_actions_per_episode: int = Field(
         30, ge=1, le=500, description="Actions before the episode is truncated."
     )
+    success_reward: float = Field(SUCCESS_REWARD, description="Reward for reaching the target.")
     success_distance: float = Field(
         1.5, gt=0, le=10, description="Success radius around the target, metres, floor plane."
     )
@@ -148,6 +155,7 @@ class NavigationEnv(Environment):
                 "moveahead/moveback/moveleft/moveright move 0.5 m without turning; "
                 "rotateleft/rotateright turn 90 degrees; lookup/lookdown tilt the camera 30 degrees."
             ),
+            aliases=VAGEN_MAIN_NAMES,
         )
 
     # ---- episode ------------------------------------------------------------------------
@@ -188,7 +196,7 @@ class NavigationEnv(Environment):
         obs = self._observation(feedback)
         return Transition(
             observation=obs,
-            reward=SUCCESS_REWARD if success else 0.0,
+            reward=self.config.success_reward if success else 0.0,
             terminated=terminated,
             truncated=truncated,
             success=success,
@@ -288,7 +296,7 @@ class NavigationEnv(Environment):
             f"You may give up to {cfg.max_actions_per_turn} actions per turn, separated by commas, "
             "e.g. 'moveahead, moveahead, rotateleft'. Walls and furniture block movement.\n"
             f"You succeed when you are within {cfg.success_distance:g} m of the target object "
-            f"(reward {SUCCESS_REWARD:g}). The episode ends after {cfg.max_actions_per_episode} "
+            f"(reward {cfg.success_reward:g}). The episode ends after {cfg.max_actions_per_episode} "
             f"actions or {cfg.max_turns} turns."
         )
         fmt = ResponseFormat(format)
