@@ -28,7 +28,7 @@ from env_server.service.models import ServiceError, SessionReply
 
 from .common import PREFIX, Binding, IdTable, full_error, info_of, png_images, request_namespace
 from .multipart import mixed_reply, read_data_part
-from .vagen_config import session_options
+from .vagen_config import main_session_options
 
 STATUS = {
     "INVALID_ARGUMENT": 400,
@@ -161,7 +161,7 @@ def vagen_router(service: Any, table: IdTable) -> APIRouter:
             if seed is not None and not isinstance(seed, int):
                 raise ServiceError("INVALID_ARGUMENT", "seed must be an integer", "seed")
             fields = set(service.env_specs[env].config_schema.get("properties", {}))
-            options = session_options(env, data.get("env_config") or {}, fields, seed)
+            options = main_session_options(env, data.get("env_config") or {}, fields, seed)
             if table.room() <= 0:
                 raise full_error(table)
         except ServiceError as error:
