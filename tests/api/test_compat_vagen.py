@@ -355,7 +355,7 @@ def test_vagen_main_stock_configs_translate_and_what_cannot_be_done_is_refused_b
     assert got["frozenlake"]["config"]["max_actions_per_turn"] == 5
     assert got["navigation"]["config"]["task_set"] == "common_sense"
     assert got["navigation"]["reasoning"] == {
-        "answer_tag": "action", "format_reward": 0.01, "action_sep": "|",
+        "guard": {"enabled": False}, "answer_tag": "action", "format_reward": 0.01, "action_sep": "|",
         "prompt_example": False, "beta_s": 0.0, "beta_w": 0.0}  # fmt: skip
     assert got["primitive_skill"]["config"] == {"task": "PlaceTwoCube", "success_reward": 10.0}
     state = main_session_options("primitive_skill", {"use_state_reward": True,

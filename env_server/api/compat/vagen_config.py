@@ -264,8 +264,9 @@ MAIN_DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 # fixed in VAGEN main, not keys: navigation writes its answer in <action>; sokoban's moves
-# earn nothing but the success and format rewards
+# earn nothing but the success and format rewards; no penalty for repeated answers
 MAIN_FIXED_REASONING: dict[str, dict[str, Any]] = {"navigation": {"answer_tag": "action"}}
+NO_GUARD = {"guard": {"enabled": False}}  # VAGEN main has no reward-hacking penalty
 MAIN_FIXED_CONFIG: dict[str, dict[str, Any]] = {
     "sokoban": {"step_reward": 0.0, "box_on_target_reward": 0.0, "box_off_target_reward": 0.0},
 }
@@ -378,7 +379,8 @@ def main_session_options(
     full = {"use_state_reward": False, **MAIN_DEFAULTS.get(env, {}), **env_config}
     options = _translate(env, full, config_fields, rules)
     options["config"] = {**MAIN_FIXED_CONFIG.get(env, {}), **options["config"]}
-    options["reasoning"] = {**MAIN_FIXED_REASONING.get(env, {}), **options["reasoning"]}
+    fixed = {**NO_GUARD, **MAIN_FIXED_REASONING.get(env, {})}
+    options["reasoning"] = {**fixed, **options["reasoning"]}
     if seed is not None:
         options["seed"] = seed
     return options
