@@ -5,13 +5,18 @@ only the address changed, answering in every format each environment defines."""
 from __future__ import annotations
 
 import functools
+import json
+import os
+import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
-from conftest import TOKEN, oracle_plan
+from conftest import PYTHON, ROOT, TOKEN, oracle_plan
 from vagen_main_answers import FORMATS, STOCK, answer
 from vagen_main_client import CLIENT_KEYS, RemoteEnv
 
+HERE = Path(__file__).resolve().parent
 EPISODES = {"sokoban": 2, "frozenlake": 2, "navigation": 1, "primitive_skill": 1}
 
 
@@ -41,7 +46,8 @@ def test_stock_config_every_answer_valid_and_rewarded(servers, env, fmt):
             assert obs["obs_str"].count("<image>") == len(obs["multi_modal_input"]["<image>"]) == 1
             assert info["ground_truth"] == expert["ground_truths"][0]  # the same level
             assert client.system_prompt()["obs_str"]
-            turns = list(zip(expert["turns"], expert["ground_truths"], expert["ground_truths"][1:]))
+            truths = expert["ground_truths"]
+            turns = list(zip(expert["turns"], truths[:-1], truths[1:], strict=True))
             for actions, before, after in turns[: stock["max_turns"]]:
                 obs, reward, done, info = client.step(answer(env, fmt, actions, before, after))
                 assert info["metrics"]["turn_metrics"]["action_is_valid"] is True, info
@@ -79,3 +85,28 @@ def test_what_cannot_be_done_is_refused_naming_the_key(servers):
     assert reply.status_code == 400
     assert reply.json()["error"]["field"] == "env_config.slip_prob"
     client.close()
+
+
+def test_verdicts_equal_vagen_mains():
+    """VAGEN main's own parsers' verdicts (recorded from its source by
+    record_vagen_main_verdicts.py) against ours on the same answers: an answer it takes is
+    taken here with the same actions, one it refuses is refused."""
+    recorded = json.loads((HERE / "vagen_main_verdicts.json").read_text())
+    assert recorded["source"]["commit"].startswith("2936322a")
+    cases = recorded["cases"]
+    out = subprocess.run(
+        [PYTHON, str(HERE / "our_verdicts.py")], input=json.dumps(recorded), cwd=ROOT,
+        capture_output=True, text=True, check=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    ours = json.loads(out.stdout)
+    assert len(ours) == len(cases) > 200
+    differ = [
+        (case["env"], case["format"], case["text"], case["vagen"], mine)
+        for case, mine in zip(cases, ours, strict=True)
+        if case["vagen"]["valid"] != mine["valid"]
+        or (mine["valid"] and case["vagen"]["executed"] != mine["executed"])
+    ]
+    assert differ == []
+    assert sum(c["vagen"]["valid"] for c in cases) > 100  # both kinds, plenty of each
+    assert sum(not c["vagen"]["valid"] for c in cases) > 100

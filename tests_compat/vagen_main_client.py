@@ -40,10 +40,14 @@ def encode(data: dict[str, Any]) -> tuple[str, bytes]:
     """(boundary, body) of a multipart/form-data request holding `data` as its JSON part."""
     boundary = f"gym_env_{uuid.uuid4().hex}"
     body = (
-        f"--{boundary}\r\n"
-        'Content-Disposition: form-data; name="data"\r\n'
-        "Content-Type: application/json; charset=utf-8\r\n\r\n"
-    ).encode() + json.dumps(data, ensure_ascii=False).encode() + f"\r\n--{boundary}--\r\n".encode()
+        (
+            f"--{boundary}\r\n"
+            'Content-Disposition: form-data; name="data"\r\n'
+            "Content-Type: application/json; charset=utf-8\r\n\r\n"
+        ).encode()
+        + json.dumps(data, ensure_ascii=False).encode()
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
     return boundary, body
 
 

@@ -92,19 +92,24 @@ class ActionSpace:
     max_per_turn: int
     arity: dict[str, int] = field(default_factory=dict)
     description: str = ""
-    aliases: dict[str, str] = field(default_factory=dict)  # other spelling -> canonical name
+    # VAGEN main's spellings of the names (its spelling -> ours), where they differ: VAGEN
+    # main's formats (vagen_*) take only these, as VAGEN main does; the others take both
+    vagen_names: dict[str, str] = field(default_factory=dict)
 
-    def lookup(self, name: str) -> str | None:
-        """The canonical spelling of `name` or of one of its aliases (case-insensitive),
-        or None if unknown."""
+    def lookup(self, name: str, vagen: bool = False) -> str | None:
+        """The canonical spelling of `name` (case-insensitive), or None if unknown.
+        `vagen`: `name` as VAGEN main's formats write it (see `vagen_names`)."""
         wanted = name.strip().lower()
-        for canonical in self.names:
-            if canonical.lower() == wanted:
-                return canonical
-        for alias, canonical in self.aliases.items():
-            if alias.lower() == wanted:
+        spellings = [(n, n) for n in self.names] if not (vagen and self.vagen_names) else []
+        spellings += list(self.vagen_names.items())
+        for spelling, canonical in spellings:
+            if spelling.lower() == wanted:
                 return canonical
         return None
+
+    def vagen_name(self, canonical: str) -> str:
+        """How VAGEN main's formats write the action `canonical`."""
+        return next((v for v, c in self.vagen_names.items() if c == canonical), canonical)
 
     def to_json(self) -> dict[str, Any]:
         return {

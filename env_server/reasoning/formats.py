@@ -187,6 +187,10 @@ def _parse_vagen(
     parsed.answer = found["answer"]
     free = " ".join(found[k] for k in sorted(found) if k.startswith("free") and found[k])
     parsed.think = parsed.reasoning = found.get("think", free if "free0" in found else None)
+    if space.kind is ActionKind.DOCUMENT:  # one document: not split
+        parsed.actions, parsed.error = parse_actions(parsed.answer, space)
+        parsed.format_ok = parsed.error is None
+        return parsed
     actions: list[Action] = []
     items = [item.strip() for item in parsed.answer.split(cfg.action_sep) if item.strip()]
     if not items:
@@ -194,7 +198,9 @@ def _parse_vagen(
         return parsed
     for item in items[: space.max_per_turn]:  # VAGEN main keeps the first max_actions
         action, error = (
-            _parse_call(item, space) if space.kind is ActionKind.CALL else _parse_name(item, space)
+            _parse_call(item, space, loose=True)
+            if space.kind is ActionKind.CALL
+            else _parse_name(item, space, vagen=True)
         )
         if error is not None:
             parsed.error = error
@@ -308,21 +314,35 @@ def parse_actions(
     return actions, None
 
 
-def _parse_name(item: str, space: ActionSpace) -> tuple[Action | None, str | None]:
-    name = space.lookup(item)
+def _parse_name(
+    item: str, space: ActionSpace, vagen: bool = False
+) -> tuple[Action | None, str | None]:
+    name = space.lookup(item, vagen)
     if name is None:
-        return None, f"unknown action {item!r}; valid actions: {', '.join(space.names)}"
+        names = [space.vagen_name(n) for n in space.names] if vagen else space.names
+        return None, f"unknown action {item!r}; valid actions: {', '.join(names)}"
     return Action(name=name), None
 
 
-def _parse_call(item: str, space: ActionSpace) -> tuple[Action | None, str | None]:
-    match = _CALL.match(item)
-    if match is None:
-        return None, f"action {item!r} is not a call like name(1, 2, 3)"
-    name = space.lookup(match.group(1))
+def _parse_call(
+    item: str, space: ActionSpace, loose: bool = False
+) -> tuple[Action | None, str | None]:
+    """`name(1, 2, 3)`. `loose` reads a call as VAGEN main does: the name is what comes
+    before the first "(", the arguments what comes between it and the next ")"."""
+    if loose:
+        head, paren, rest = item.partition("(")
+        if not paren:
+            return None, f"action {item!r} is not a call like name(1, 2, 3)"
+        written, raw = head.strip(), rest.split(")")[0]
+    else:
+        match = _CALL.match(item)
+        if match is None:
+            return None, f"action {item!r} is not a call like name(1, 2, 3)"
+        written, raw = match.group(1), match.group(2)
+    name = space.lookup(written)
     if name is None:
-        return None, f"unknown action {match.group(1)!r}; valid actions: {', '.join(space.names)}"
-    raw = match.group(2).strip()
+        return None, f"unknown action {written!r}; valid actions: {', '.join(space.names)}"
+    raw = raw.strip()
     parts = [p.strip() for p in raw.split(",")] if raw else []
     args: list[float] = []
     for part in parts:

@@ -76,7 +76,7 @@ def system_prompt(
     space = env.action_space
     spec = grading_spec(env)
     parts = [env.system_prompt(fmt).strip(), "", "Response format:"]
-    parts += [_answer_rule(space, cfg.action_sep), _DESCRIPTION[fmt]]
+    parts += [_answer_rule(space, cfg.action_sep, fmt in VAGEN_LAYOUTS), _DESCRIPTION[fmt]]
     if _describes_state(fmt):
         own = env.state_prompt(rep)
         parts.append(own.instruction if own is not None else _representation_rule(spec, rep))
@@ -124,7 +124,7 @@ def _describes_state(fmt: ResponseFormat) -> bool:
     return bool(state_sections(fmt))
 
 
-def _answer_rule(space: ActionSpace, sep: str) -> str:
+def _answer_rule(space: ActionSpace, sep: str, vagen: bool = False) -> str:
     if space.kind is ActionKind.DOCUMENT:
         return "Your answer is one whole document (it may be in a ``` code block)."
     if space.kind is ActionKind.CALL:
@@ -135,7 +135,7 @@ def _answer_rule(space: ActionSpace, sep: str) -> str:
         )
     return (
         f"Your answer holds up to {space.max_per_turn} action(s) separated by '{sep}', "
-        f"chosen from: {', '.join(space.names)}."
+        f"chosen from: {', '.join(space.vagen_name(n) if vagen else n for n in space.names)}."
     )
 
 
@@ -265,8 +265,10 @@ def _vagen_example(
             "observation": _write_state(before, spec, rep, size) if state_ok else "...",
             "prediction": _write_state(after, spec, rep, size) if state_ok else "...",
         }
-    if env.action_space.kind is ActionKind.DISCRETE:
-        answer = cfg.action_sep.join(a.strip() for a in answer.split(","))
+    space = env.action_space
+    if space.kind is ActionKind.DISCRETE:
+        names = (space.vagen_name(space.lookup(a) or a.strip()) for a in answer.split(","))
+        answer = cfg.action_sep.join(names)
     short = answer if len(answer) <= 60 else "this answer"
     text = {
         **states,
