@@ -10,6 +10,9 @@ Routes, per environment (`GymImageEnvClient(base_urls="http://host:port/compat/v
          system_prompt -> {"obs"}; reset {"seed"} -> {"obs", "info"};
          step {"action_str"} -> {"obs", "reward", "done", "info"}; close -> {"closed": true}
 
+`env_config` is read as VAGEN main's (vagen_config.main_session_options): its keys, its
+defaults and rewards, and `prompt_format: wm` in VAGEN main's layout (our `vagen_wm`).
+
 Requests are multipart/form-data with a JSON part named `data`; replies are multipart/mixed:
 the JSON part, then one raw image/png part per `<image>` in `obs`. Errors: 400 (bad
 request or config key, naming it), 401, 404 (unknown session), 503 (server full).
