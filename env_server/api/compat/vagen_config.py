@@ -28,7 +28,8 @@ from typing import Any
 from env_server.core.types import ResponseFormat
 from env_server.service.models import ServiceError
 
-# VAGEN prompt formats -> ours; "wm" is current VAGEN's name for the full world-model format
+# vagen-legacy's prompt formats -> ours; "wm" keeps its old meaning here, the paper's full
+# world-model format (on /compat/vagen, VAGEN main's, "wm" is VAGEN main's layout: MAIN_FORMATS)
 FORMATS = {
     "no_think": "no_think",
     "free_think": "free_think",
