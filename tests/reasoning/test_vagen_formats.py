@@ -103,3 +103,15 @@ def test_the_prompts_example_parses_in_its_own_format(fmt):
     assert parse_response(example, fmt, env.action_space, cfg).format_ok, example
     assert "Example response" not in system_prompt(env, fmt, "natural",
                                                    ReasoningConfig(prompt_example=False))  # fmt: skip
+
+
+def test_vagen_formats_take_vagen_mains_spellings_only_where_it_has_its_own():
+    nav = ActionSpace(ActionKind.DISCRETE, ("moveahead", "rotateleft"), max_per_turn=5,
+                      vagen_names={"move_forward": "moveahead", "turn_left": "rotateleft"})  # fmt: skip
+    theirs = "<think>t</think><answer>Move_Forward, turn_left</answer>"
+    assert names(parse_response(theirs, F.VAGEN_FREE_THINK, nav)) == ["moveahead", "rotateleft"]
+    ours = parse_response("<think>t</think><answer>moveahead</answer>", F.VAGEN_FREE_THINK, nav)
+    assert not ours.format_ok and "move_forward, turn_left" in ours.error  # as VAGEN main
+    both = "<think>t</think><answer>moveahead, turn_left</answer>"
+    assert names(parse_response(both, F.FREE_THINK, nav)) == ["moveahead", "rotateleft"]
+    assert nav.vagen_name("rotateleft") == "turn_left" and GRID.vagen_name("Up") == "Up"
