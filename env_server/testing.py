@@ -529,8 +529,10 @@ class EnvironmentContract:
         for fmt in ResponseFormat:
             text = env.system_prompt(fmt)
             assert type(text) is str and text.strip(), fmt
+            vagen = fmt.value.startswith("vagen_")  # VAGEN main's formats: its spellings
             for name in env.action_space.names:
-                assert name.lower() in text.lower(), f"{fmt.value}: action {name!r} not named"
+                shown = env.action_space.vagen_name(name) if vagen else name
+                assert shown.lower() in text.lower(), f"{fmt.value}: action {shown!r} not named"
 
     def test_state_prompt_in_every_representation(self, env: Environment) -> None:
         for rep in Representation:

@@ -103,13 +103,14 @@ def servers():
         small.stop()
 
 
-def oracle_plan(env: str, seed: int, config: dict | None = None) -> dict:
+def oracle_plan(env: str, seed: int, config: dict | None = None, vagen_main: bool = False) -> dict:
     """An expert's whole episode, computed by a local copy of the environment in the main
-    venv (tests_compat/oracle_plan.py): its turns and the ground truth after each."""
+    venv (tests_compat/oracle_plan.py): its turns and the ground truth after each.
+    `vagen_main`: `config` is VAGEN main's env_config (translated as /compat/vagen does)."""
     out = subprocess.run(
         [PYTHON, str(ROOT / "tests_compat" / "oracle_plan.py"), env, str(seed),
-         json.dumps(config or {})],
-        cwd=ROOT, capture_output=True, text=True, check=True, timeout=120,
+         json.dumps(config or {}), *(["vagen_main"] if vagen_main else [])],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=300,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     return json.loads(out.stdout)

@@ -5,7 +5,8 @@
         "ground_truths": [<after reset>, <after turn 1>, ...], "success": true}
 
 The compat tests (in a venv without visenv) play these turns through OpenEnv's client
-and check the server's ground truth after each one (same seed, same level).
+and check the server's ground truth after each one (same seed, same level). A fourth
+argument `vagen_main` reads the config as VAGEN main's env_config (as /compat/vagen does).
 """
 
 from __future__ import annotations
@@ -33,4 +34,9 @@ def main(env_name: str, seed: int, config: dict) -> dict:
 
 if __name__ == "__main__":
     config = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+    if sys.argv[4:] == ["vagen_main"]:
+        from env_server.api.compat.vagen_config import main_session_options
+
+        fields = set(type(registry.make_config(sys.argv[1], {})).model_fields)
+        config = main_session_options(sys.argv[1], config, fields)["config"]
     json.dump(main(sys.argv[1], int(sys.argv[2]), config), sys.stdout)

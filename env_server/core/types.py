@@ -17,13 +17,19 @@ IMAGE_PLACEHOLDER = "<image>"
 
 
 class ResponseFormat(str, Enum):
-    """How the agent must lay out its response (VAGEN's five reasoning formats)."""
+    """How the agent must lay out its response: the VAGEN paper's five reasoning formats
+    (parsed strictly), and VAGEN main's formats (`vagen_*`, parsed as VAGEN main does)."""
 
     NO_THINK = "no_think"
     FREE_THINK = "free_think"
     GROUNDING = "grounding"
     WORLDMODELING = "worldmodeling"
     GROUNDING_WORLDMODELING = "grounding_worldmodeling"
+    VAGEN_FREE_THINK = "vagen_free_think"
+    VAGEN_WM = "vagen_wm"
+    VAGEN_FREE_WM = "vagen_free_wm"
+    VAGEN_NO_THINK = "vagen_no_think"
+    VAGEN_EVAL_MODE = "vagen_eval_mode"
 
 
 class Representation(str, Enum):
@@ -86,14 +92,24 @@ class ActionSpace:
     max_per_turn: int
     arity: dict[str, int] = field(default_factory=dict)
     description: str = ""
+    # VAGEN main's spellings of the names (its spelling -> ours), where they differ: VAGEN
+    # main's formats (vagen_*) take only these, as VAGEN main does; the others take both
+    vagen_names: dict[str, str] = field(default_factory=dict)
 
-    def lookup(self, name: str) -> str | None:
-        """The canonical spelling of `name` (case-insensitive), or None if unknown."""
+    def lookup(self, name: str, vagen: bool = False) -> str | None:
+        """The canonical spelling of `name` (case-insensitive), or None if unknown.
+        `vagen`: `name` as VAGEN main's formats write it (see `vagen_names`)."""
         wanted = name.strip().lower()
-        for canonical in self.names:
-            if canonical.lower() == wanted:
+        spellings = [(n, n) for n in self.names] if not (vagen and self.vagen_names) else []
+        spellings += list(self.vagen_names.items())
+        for spelling, canonical in spellings:
+            if spelling.lower() == wanted:
                 return canonical
         return None
+
+    def vagen_name(self, canonical: str) -> str:
+        """How VAGEN main's formats write the action `canonical`."""
+        return next((v for v, c in self.vagen_names.items() if c == canonical), canonical)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,6 +1,8 @@
-"""Reward options of a session: the `reasoning` session option.
+"""Reasoning options of a session (the `reasoning` session option): how the response is
+parsed and prompted, and how it is rewarded.
 
     {"format_reward": 0.5, "beta_s": 0.5, "beta_w": 0.5,
+     "action_sep": ",", "answer_tag": "answer", "prompt_example": true,
      "grader": "rule" | "judge" | "hybrid",
      "judge": {"base_url": "http://127.0.0.1:8000/v1", "model": "qwen", "api_key_env": "OPENAI_API_KEY"},
      "judge_fallback": true,
@@ -69,9 +71,24 @@ class GuardConfig(BaseModel):
 
 
 class ReasoningConfig(BaseModel):
-    """Format and world-model reward options (session option `reasoning`)."""
+    """Parsing, prompt, format and world-model reward options (session option `reasoning`)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    action_sep: str = Field(
+        ",",
+        min_length=1,
+        max_length=4,
+        description="What separates the actions of one answer (VAGEN main's action_sep).",
+    )
+    answer_tag: Literal["answer", "action"] = Field(
+        "answer",
+        description="The answer's tag in VAGEN main's formats (vagen_*): its navigation "
+        "writes <action>. The paper's formats always use <answer>.",
+    )
+    prompt_example: bool = Field(
+        True, description="Whether the system prompt ends with an example response."
+    )
 
     format_reward: float = Field(0.5, ge=0.0, description="Reward for a well-formed, valid turn.")
     beta_s: float = Field(0.5, ge=0.0, description="Weight of the observation (state) score.")
@@ -80,6 +97,13 @@ class ReasoningConfig(BaseModel):
     judge: JudgeConfig | None = None
     judge_fallback: bool = Field(True, description="Use the rule-based score when the judge fails.")
     guard: GuardConfig = GuardConfig()
+
+    @field_validator("action_sep")
+    @classmethod
+    def _no_tag_or_space(cls, value: str) -> str:
+        if not value.strip() or any(c in value for c in "<>()"):
+            raise ValueError(f"action_sep {value!r} must be visible and hold none of '<>()'")
+        return value
 
     @model_validator(mode="after")
     def _judge_needed(self) -> ReasoningConfig:

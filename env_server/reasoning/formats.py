@@ -1,6 +1,7 @@
-"""The five response formats: their layout, strict parsing and action parsing.
+r"""The response formats: their layout, their parsing and action parsing.
 
-Layouts (VAGEN's formats; whitespace is allowed between tags, nothing else):
+The VAGEN paper's five formats, parsed strictly (whitespace is allowed between tags,
+nothing else):
 
     no_think                 <answer>…</answer>
     free_think               <think>…</think><answer>…</answer>
@@ -16,8 +17,26 @@ the answer by `space.kind`:
 - CALL:     "pick(10, 20, 30), place(0, 0, 40)"; argument counts from `space.arity`
 - DOCUMENT: the whole answer is one document, optionally in a ``` fence
 
+VAGEN main's formats (github.com/mll-lab-nu/VAGEN, branch main: the parsers in
+vagen/envs/{sokoban,frozenlake,navigation,primitive_skill}/utils), parsed as VAGEN main
+does: the first place the tags appear in this order (text before and after is ignored),
+whitespace only where "\s*" is written below, any text where "…" is:
+
+    vagen_free_think  <think>…</think>\s*<answer>…</answer>
+    vagen_wm          <observation>…</observation>\s*<think>…</think>\s*<answer>…</answer>\s*<prediction>…</prediction>
+    vagen_free_wm     <observation>…</observation>…<answer>…</answer>…<prediction>…</prediction>
+    vagen_no_think    <answer>…</answer>, alone in the response (navigation's no_think)
+    vagen_eval_mode   the first <answer>…</answer> anywhere (navigation's eval_mode)
+
+Their answer tag is `cfg.answer_tag` (VAGEN main's navigation writes <action>), their
+actions are split on `cfg.action_sep` (empty items dropped) and, as VAGEN main does,
+only the first `max_per_turn` are kept. `<think>` (or free_wm's free text) is the
+reasoning; `<observation>` and `<prediction>` are graded like the paper's.
+
 A response is either fully valid (`format_ok`, all actions parsed) or invalid with
-`error` saying why and no actions: nothing of an invalid response is executed.
+`error` saying why and no actions: nothing of an invalid response is executed (VAGEN
+main's environments execute the valid actions before an unknown one; here an answer
+with an unknown action is refused whole).
 """
 
 from __future__ import annotations
@@ -28,7 +47,10 @@ from dataclasses import dataclass
 
 from env_server.core.types import Action, ActionKind, ActionSpace, ResponseFormat
 
+from .config import ReasoningConfig
+
 SEPARATOR = ","
+DEFAULTS = ReasoningConfig()
 
 # the sections inside <think> for each format; None means free text inside <think>
 SECTIONS: dict[ResponseFormat, tuple[str, ...] | None] = {
@@ -37,6 +59,27 @@ SECTIONS: dict[ResponseFormat, tuple[str, ...] | None] = {
     ResponseFormat.GROUNDING: ("observation", "reasoning"),
     ResponseFormat.WORLDMODELING: ("reasoning", "prediction"),
     ResponseFormat.GROUNDING_WORLDMODELING: ("observation", "reasoning", "prediction"),
+}
+
+
+@dataclass(frozen=True)
+class VagenLayout:
+    """One of VAGEN main's layouts: its tags in order ("answer" stands for the answer tag),
+    whether free text may stand between them, and whether the response must hold nothing else."""
+
+    tags: tuple[str, ...]
+    free_between: bool = False
+    alone: bool = False
+
+
+VAGEN_LAYOUTS: dict[ResponseFormat, VagenLayout] = {
+    ResponseFormat.VAGEN_FREE_THINK: VagenLayout(("think", "answer")),
+    ResponseFormat.VAGEN_WM: VagenLayout(("observation", "think", "answer", "prediction")),
+    ResponseFormat.VAGEN_FREE_WM: VagenLayout(
+        ("observation", "answer", "prediction"), free_between=True
+    ),
+    ResponseFormat.VAGEN_NO_THINK: VagenLayout(("answer",), alone=True),
+    ResponseFormat.VAGEN_EVAL_MODE: VagenLayout(("answer",)),
 }
 
 TAG_NAMES = ("think", "observation", "reasoning", "prediction", "answer")
@@ -60,8 +103,19 @@ class ParsedResponse:
     answer: str | None = None
 
 
-def layout(fmt: ResponseFormat) -> str:
-    """The skeleton of a response in `fmt`, e.g. '<think>...</think><answer>...</answer>'."""
+def state_sections(fmt: ResponseFormat) -> tuple[str, ...]:
+    """The graded sections ("observation", "prediction") a response in `fmt` holds."""
+    named = VAGEN_LAYOUTS[fmt].tags if fmt in VAGEN_LAYOUTS else SECTIONS[fmt] or ()
+    return tuple(s for s in named if s in ("observation", "prediction"))
+
+
+def layout(fmt: ResponseFormat, answer_tag: str = "answer") -> str:
+    """The skeleton of a response in `fmt`, e.g. '<think>...</think><answer>...</answer>'
+    (`answer_tag` names the answer's tag in VAGEN main's formats)."""
+    if fmt in VAGEN_LAYOUTS:
+        spec = VAGEN_LAYOUTS[fmt]
+        tags = [answer_tag if t == "answer" else t for t in spec.tags]
+        return (" ... " if spec.free_between else "").join(f"<{t}>...</{t}>" for t in tags)
     sections = SECTIONS[fmt]
     if sections == ():
         return "<answer>...</answer>"
@@ -81,19 +135,78 @@ def expected_tags(fmt: ResponseFormat) -> list[str]:
     return tags + ["<answer>", "</answer>"]
 
 
-def parse_response(text: str, fmt: ResponseFormat | str, space: ActionSpace) -> ParsedResponse:
-    """Parse `text` strictly as `fmt` and its answer as actions of `space`."""
+def parse_response(
+    text: str,
+    fmt: ResponseFormat | str,
+    space: ActionSpace,
+    cfg: ReasoningConfig | None = None,
+) -> ParsedResponse:
+    """Parse `text` as `fmt` and its answer as actions of `space` (`cfg`: the session's
+    action separator and VAGEN main's answer tag; defaults when None)."""
     fmt = ResponseFormat(fmt)
+    cfg = cfg or DEFAULTS
+    if fmt in VAGEN_LAYOUTS:
+        return _parse_vagen(text, fmt, space, cfg)
     fields, error = _split_sections(text, fmt)
     parsed = ParsedResponse(text=text, format_ok=False, actions=[], error=error, **fields)
     if error is not None:
         return parsed
-    actions, error = parse_actions(parsed.answer or "", space)
+    actions, error = parse_actions(parsed.answer or "", space, cfg.action_sep)
     if error is not None:
         parsed.error = error
         return parsed
     parsed.actions = actions
     parsed.format_ok = True
+    return parsed
+
+
+@functools.cache
+def _vagen_pattern(fmt: ResponseFormat, answer_tag: str) -> re.Pattern[str]:
+    """The expression VAGEN main matches a response in `fmt` with; groups named by section
+    ("answer" for the answer whatever its tag), free text between tags in free0, free1, ..."""
+    spec = VAGEN_LAYOUTS[fmt]
+    pattern = ""
+    for i, name in enumerate(spec.tags):
+        tag = answer_tag if name == "answer" else name
+        if i:
+            pattern += rf"(?P<free{i - 1}>.*?)" if spec.free_between else r"\s*"
+        pattern += rf"<{tag}>(?P<{name}>.*?)</{tag}>"
+    return re.compile(rf"^\s*{pattern}\s*$" if spec.alone else pattern, re.DOTALL)
+
+
+def _parse_vagen(
+    text: str, fmt: ResponseFormat, space: ActionSpace, cfg: ReasoningConfig
+) -> ParsedResponse:
+    parsed = ParsedResponse(text=text, format_ok=False, actions=[], error=None)
+    match = _vagen_pattern(fmt, cfg.answer_tag).search(text)
+    if match is None:
+        parsed.error = f"no {layout(fmt, cfg.answer_tag)} in the response ({fmt.value} format)"
+        return parsed
+    found = {k: v.strip() for k, v in match.groupdict().items() if v is not None}
+    parsed.observation, parsed.prediction = found.get("observation"), found.get("prediction")
+    parsed.answer = found["answer"]
+    free = " ".join(found[k] for k in sorted(found) if k.startswith("free") and found[k])
+    parsed.think = parsed.reasoning = found.get("think", free if "free0" in found else None)
+    if space.kind is ActionKind.DOCUMENT:  # one document: not split
+        parsed.actions, parsed.error = parse_actions(parsed.answer, space)
+        parsed.format_ok = parsed.error is None
+        return parsed
+    actions: list[Action] = []
+    items = [item.strip() for item in parsed.answer.split(cfg.action_sep) if item.strip()]
+    if not items:
+        parsed.error = f"empty <{cfg.answer_tag}>: it must hold the action(s)"
+        return parsed
+    for item in items[: space.max_per_turn]:  # VAGEN main keeps the first max_actions
+        action, error = (
+            _parse_call(item, space, loose=True)
+            if space.kind is ActionKind.CALL
+            else _parse_name(item, space, vagen=True)
+        )
+        if error is not None:
+            parsed.error = error
+            return parsed
+        actions.append(action)
+    parsed.actions, parsed.format_ok = actions, True
     return parsed
 
 
@@ -166,8 +279,10 @@ def _split_sections(text: str, fmt: ResponseFormat) -> tuple[dict[str, str | Non
     return result(None)
 
 
-def parse_actions(answer: str, space: ActionSpace) -> tuple[list[Action], str | None]:
-    """Actions in `answer` for `space`, or ([], error)."""
+def parse_actions(
+    answer: str, space: ActionSpace, sep: str = SEPARATOR
+) -> tuple[list[Action], str | None]:
+    """Actions in `answer` for `space`, separated by `sep`, or ([], error)."""
     answer = answer.strip()
     if not answer:
         return [], "empty <answer>: it must hold the action(s)"
@@ -178,18 +293,18 @@ def parse_actions(answer: str, space: ActionSpace) -> tuple[list[Action], str | 
             return [], "empty document in <answer>"
         return [Action(name=space.names[0], payload=document)], None
 
-    items, error = _split_top_level(answer)
+    items, error = _split_top_level(answer, sep)
     if error is not None:
         return [], error
     if len(items) > space.max_per_turn:
         return [], (
             f"{len(items)} actions given; at most {space.max_per_turn} per turn "
-            f"(separated by '{SEPARATOR}')"
+            f"(separated by '{sep}')"
         )
     actions: list[Action] = []
     for item in items:
         if not item:
-            return [], f"empty action in {_clip(answer)!r} (separate actions with '{SEPARATOR}')"
+            return [], f"empty action in {_clip(answer)!r} (separate actions with '{sep}')"
         action, error = (
             _parse_call(item, space) if space.kind is ActionKind.CALL else _parse_name(item, space)
         )
@@ -199,21 +314,35 @@ def parse_actions(answer: str, space: ActionSpace) -> tuple[list[Action], str | 
     return actions, None
 
 
-def _parse_name(item: str, space: ActionSpace) -> tuple[Action | None, str | None]:
-    name = space.lookup(item)
+def _parse_name(
+    item: str, space: ActionSpace, vagen: bool = False
+) -> tuple[Action | None, str | None]:
+    name = space.lookup(item, vagen)
     if name is None:
-        return None, f"unknown action {item!r}; valid actions: {', '.join(space.names)}"
+        names = [space.vagen_name(n) for n in space.names] if vagen else space.names
+        return None, f"unknown action {item!r}; valid actions: {', '.join(names)}"
     return Action(name=name), None
 
 
-def _parse_call(item: str, space: ActionSpace) -> tuple[Action | None, str | None]:
-    match = _CALL.match(item)
-    if match is None:
-        return None, f"action {item!r} is not a call like name(1, 2, 3)"
-    name = space.lookup(match.group(1))
+def _parse_call(
+    item: str, space: ActionSpace, loose: bool = False
+) -> tuple[Action | None, str | None]:
+    """`name(1, 2, 3)`. `loose` reads a call as VAGEN main does: the name is what comes
+    before the first "(", the arguments what comes between it and the next ")"."""
+    if loose:
+        head, paren, rest = item.partition("(")
+        if not paren:
+            return None, f"action {item!r} is not a call like name(1, 2, 3)"
+        written, raw = head.strip(), rest.split(")")[0]
+    else:
+        match = _CALL.match(item)
+        if match is None:
+            return None, f"action {item!r} is not a call like name(1, 2, 3)"
+        written, raw = match.group(1), match.group(2)
+    name = space.lookup(written)
     if name is None:
-        return None, f"unknown action {match.group(1)!r}; valid actions: {', '.join(space.names)}"
-    raw = match.group(2).strip()
+        return None, f"unknown action {written!r}; valid actions: {', '.join(space.names)}"
+    raw = raw.strip()
     parts = [p.strip() for p in raw.split(",")] if raw else []
     args: list[float] = []
     for part in parts:
@@ -230,19 +359,23 @@ def _parse_call(item: str, space: ActionSpace) -> tuple[Action | None, str | Non
     return Action(name=name, args=tuple(args)), None
 
 
-def _split_top_level(answer: str) -> tuple[list[str], str | None]:
-    """Split on separators outside parentheses/brackets."""
-    items, depth, start = [], 0, 0
-    for i, ch in enumerate(answer):
+def _split_top_level(answer: str, sep: str = SEPARATOR) -> tuple[list[str], str | None]:
+    """Split on `sep` outside parentheses/brackets."""
+    items, depth, start, i = [], 0, 0, 0
+    while i < len(answer):
+        ch = answer[i]
         if ch in "([":
             depth += 1
         elif ch in ")]":
             depth -= 1
             if depth < 0:
                 return [], f"unbalanced {ch!r} in {_clip(answer)!r}"
-        elif ch == SEPARATOR and depth == 0:
+        elif depth == 0 and answer.startswith(sep, i):
             items.append(answer[start:i].strip())
-            start = i + 1
+            start = i + len(sep)
+            i = start
+            continue
+        i += 1
     if depth != 0:
         return [], f"unbalanced parentheses in {_clip(answer)!r}"
     items.append(answer[start:].strip())

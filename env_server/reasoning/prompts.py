@@ -1,8 +1,10 @@
-"""System and per-turn prompts for the five response formats.
+"""System and per-turn prompts for the response formats.
 
-`system_prompt(env, fmt, rep)` = the environment's own prompt (`env.system_prompt(fmt)`:
+`system_prompt(env, fmt, rep, cfg)` = the environment's own prompt (`env.system_prompt(fmt)`:
 rules, actions) + how to lay out a response in `fmt` + how to write states in
-`rep` (for formats with `<observation>` / `<prediction>`) + one example response.
+`rep` (for formats with `<observation>` / `<prediction>`) + one example response (unless
+`cfg.prompt_example` is false). `cfg` (the session's ReasoningConfig) also gives the action
+separator and, for VAGEN main's formats, the answer tag.
 
 The example's state is made up (never the current episode's state), written from the
 environment's `GradingSpec`: a small room with its object types placed around the
@@ -28,7 +30,8 @@ from env_server.core.types import (
     ResponseFormat,
 )
 
-from .formats import SECTIONS, SEPARATOR, layout
+from .config import ReasoningConfig
+from .formats import DEFAULTS, SECTIONS, VAGEN_LAYOUTS, layout, state_sections
 from .grading import grading_spec
 
 _DESCRIPTION = {
@@ -47,31 +50,56 @@ _DESCRIPTION = {
         "what to do in <reasoning>, then say in <prediction> what the state will be once your "
         "actions are done; then give your answer."
     ),
+    ResponseFormat.VAGEN_FREE_THINK: "First think it through inside <think>, then give your answer.",
+    ResponseFormat.VAGEN_WM: (
+        "First describe what you see now in <observation>, then think it through in <think>, "
+        "give your answer, and then say in <prediction> what the state will be once your "
+        "actions are done."
+    ),
+    ResponseFormat.VAGEN_FREE_WM: (
+        "First describe what you see now in <observation>, reason freely, give your answer, "
+        "and then say in <prediction> what the state will be once your actions are done."
+    ),
+    ResponseFormat.VAGEN_NO_THINK: "Give only your answer, with no reasoning.",
+    ResponseFormat.VAGEN_EVAL_MODE: "You may reason as you like; then give your answer.",
 }
 
 
-def system_prompt(env: Environment, fmt: ResponseFormat | str, rep: Representation | str) -> str:
+def system_prompt(
+    env: Environment,
+    fmt: ResponseFormat | str,
+    rep: Representation | str,
+    cfg: ReasoningConfig | None = None,
+) -> str:
     """The full system prompt of a session."""
-    fmt, rep = ResponseFormat(fmt), Representation(rep)
+    fmt, rep, cfg = ResponseFormat(fmt), Representation(rep), cfg or DEFAULTS
     space = env.action_space
     spec = grading_spec(env)
-    parts = [env.system_prompt(fmt).strip(), "", "Response format:", _answer_rule(space)]
-    parts.append(_DESCRIPTION[fmt])
+    parts = [env.system_prompt(fmt).strip(), "", "Response format:"]
+    parts += [_answer_rule(space, cfg.action_sep, fmt in VAGEN_LAYOUTS), _DESCRIPTION[fmt]]
     if _describes_state(fmt):
         own = env.state_prompt(rep)
         parts.append(own.instruction if own is not None else _representation_rule(spec, rep))
-    parts += [f"Your response must be exactly: {layout(fmt)}", "No text outside these tags."]
-    parts.append("Example response:\n" + example_response(env, fmt, rep))
+    if fmt in VAGEN_LAYOUTS:
+        parts.append(f"Your response must hold: {layout(fmt, cfg.answer_tag)}")
+    else:
+        parts += [f"Your response must be exactly: {layout(fmt)}", "No text outside these tags."]
+    if cfg.prompt_example:
+        parts.append("Example response:\n" + example_response(env, fmt, rep, cfg))
     return "\n".join(parts)
 
 
 def turn_prompt(
-    env: Environment, obs: Observation, fmt: ResponseFormat | str, rep: Representation | str
+    env: Environment,
+    obs: Observation,
+    fmt: ResponseFormat | str,
+    rep: Representation | str,
+    cfg: ReasoningConfig | None = None,
 ) -> str:
     """The text shown with each observation: the observation text and a short reminder."""
-    fmt, rep = ResponseFormat(fmt), Representation(rep)
+    fmt, rep, cfg = ResponseFormat(fmt), Representation(rep), cfg or DEFAULTS
     space = env.action_space
-    reminder = f"Respond as {layout(fmt)}"
+    reminder = f"Respond as {layout(fmt, cfg.answer_tag)}"
     if _describes_state(fmt):
         own = env.state_prompt(rep)
         if own is not None:
@@ -81,7 +109,7 @@ def turn_prompt(
     if space.kind is ActionKind.DOCUMENT:
         reminder += "; the answer is one document."
     else:
-        reminder += f"; at most {space.max_per_turn} action(s), separated by '{SEPARATOR}'."
+        reminder += f"; at most {space.max_per_turn} action(s), separated by '{cfg.action_sep}'."
     return f"{obs.text.rstrip()}\n{reminder}"
 
 
@@ -93,22 +121,21 @@ _REP_SHORT = {
 
 
 def _describes_state(fmt: ResponseFormat) -> bool:
-    sections = SECTIONS[fmt] or ()
-    return "observation" in sections or "prediction" in sections
+    return bool(state_sections(fmt))
 
 
-def _answer_rule(space: ActionSpace) -> str:
+def _answer_rule(space: ActionSpace, sep: str, vagen: bool = False) -> str:
     if space.kind is ActionKind.DOCUMENT:
         return "Your answer is one whole document (it may be in a ``` code block)."
     if space.kind is ActionKind.CALL:
         calls = ", ".join(f"{n}({', '.join(['n'] * space.arity.get(n, 0))})" for n in space.names)
         return (
-            f"Your answer holds up to {space.max_per_turn} action(s) separated by '{SEPARATOR}'; "
+            f"Your answer holds up to {space.max_per_turn} action(s) separated by '{sep}'; "
             f"each is a call with numbers: {calls}."
         )
     return (
-        f"Your answer holds up to {space.max_per_turn} action(s) separated by '{SEPARATOR}', "
-        f"chosen from: {', '.join(space.names)}."
+        f"Your answer holds up to {space.max_per_turn} action(s) separated by '{sep}', "
+        f"chosen from: {', '.join(space.vagen_name(n) if vagen else n for n in space.names)}."
     )
 
 
@@ -185,12 +212,17 @@ def _example_answer(space: ActionSpace) -> str:
     return up
 
 
-def example_response(env: Environment, fmt: ResponseFormat, rep: Representation) -> str:
+def example_response(
+    env: Environment, fmt: ResponseFormat, rep: Representation, cfg: ReasoningConfig | None = None
+) -> str:
     """A well-formed example response in `fmt`, its states written in `rep`."""
+    cfg = cfg or DEFAULTS
     space = env.action_space
     spec = grading_spec(env)
     own: StatePrompt | None = env.state_prompt(rep)
     answer = own.answer if own is not None else _example_answer(space)
+    if fmt in VAGEN_LAYOUTS:
+        return _vagen_example(env, fmt, rep, cfg, answer)
     sections = SECTIONS[fmt]
     if sections == ():
         return f"<answer>{answer}</answer>"
@@ -216,3 +248,39 @@ def example_response(env: Environment, fmt: ResponseFormat, rep: Representation)
     }
     inner = "".join(f"<{s}>{text[s]}</{s}>" for s in sections)
     return f"<think>{inner}</think><answer>{answer}</answer>"
+
+
+def _vagen_example(
+    env: Environment, fmt: ResponseFormat, rep: Representation, cfg: ReasoningConfig, answer: str
+) -> str:
+    """An example in one of VAGEN main's layouts, with the paper formats' made-up states."""
+    own = env.state_prompt(rep)
+    if own is not None:
+        states = {"observation": own.observation, "prediction": own.prediction}
+    else:
+        spec = grading_spec(env)
+        state_ok = bool(spec.symbols) or rep is not Representation.SYMBOLIC
+        before, after, size = _example_states(spec)
+        states = {
+            "observation": _write_state(before, spec, rep, size) if state_ok else "...",
+            "prediction": _write_state(after, spec, rep, size) if state_ok else "...",
+        }
+    space = env.action_space
+    if space.kind is ActionKind.DISCRETE:
+        names = (space.vagen_name(space.lookup(a) or a.strip()) for a in answer.split(","))
+        answer = cfg.action_sep.join(names)
+    short = answer if len(answer) <= 60 else "this answer"
+    text = {
+        **states,
+        "think": f"Given what I see, {short} is the best next step.",
+        "answer": answer,
+    }
+    layout_ = VAGEN_LAYOUTS[fmt]
+    pieces = [
+        f"<{tag}>{text[name]}</{tag}>"
+        for name in layout_.tags
+        for tag in [cfg.answer_tag if name == "answer" else name]
+    ]
+    if layout_.free_between:  # free reasoning before the answer
+        return f"{pieces[0]}\n{text['think']}\n" + "\n".join(pieces[1:])
+    return "\n".join(pieces)

@@ -281,7 +281,7 @@ class Worker:
             transition = env.step(parsed_actions)
             parse_error = None
         else:
-            parsed = parse_response(response, session.format, env.action_space)
+            parsed = parse_response(response, session.format, env.action_space, session.reasoning)
             parsed_actions = list(parsed.actions)
             transition = env.step(parsed_actions)
             parse_error = parsed.error
@@ -399,8 +399,9 @@ class Worker:
         """The reply in the session's current state, with a zero reward: a create or reset
         earns none, and a step's is assembled by the service (`service.assemble_reward`)."""
         env, obs = session.env, session.obs
-        text = turn_prompt(env, obs, session.format, session.representation)
-        prompt = system_prompt(env, session.format, session.representation) if start else None
+        fmt, rep, cfg = session.format, session.representation, session.reasoning
+        text = turn_prompt(env, obs, fmt, rep, cfg)
+        prompt = system_prompt(env, fmt, rep, cfg) if start else None
         enc = encoding or session.encoding
         return SessionReply(
             session_id=session_id,

@@ -86,11 +86,17 @@ class RemoteEnv:
         return self.call("reset", seed=seed)
 
 
-def oracle_response(env, actions) -> str:
+def oracle_response(env, actions, main: bool = False) -> str:
+    """The paper's grounding_worldmodeling layout, or VAGEN main's `wm` one (`main`)."""
     before = env.describe(env.ground_truth(), Representation.NATURAL)
     env.step(actions)
     after = env.describe(env.ground_truth(), Representation.NATURAL)
     answer = ", ".join(a.name for a in actions)
+    if main:
+        return (
+            f"<observation>{before}</observation>\n<think>Plan.</think>\n"
+            f"<answer>{answer}</answer>\n<prediction>{after}</prediction>"
+        )
     return (
         f"<think><observation>{before}</observation><reasoning>Plan.</reasoning>"
         f"<prediction>{after}</prediction></think><answer>{answer}</answer>"
@@ -120,14 +126,17 @@ def test_remote_episode_to_success_multipart_both_ways(servers):
     prompt, none = env.call("system_prompt")
     assert "Sokoban" in prompt["obs"] and none == []
     for _ in range(30):
-        data, images = env.call("step", action_str=oracle_response(local, local.oracle_actions()))
+        text = oracle_response(local, local.oracle_actions(), main=True)
+        data, images = env.call("step", action_str=text)
         assert set(data) == {"obs", "reward", "done", "info"} and len(images) == 1
         info = data["info"]
         assert info["action_valid"] and info["reward_parts"]["format"] == 0.25
+        assert info["reward_parts"]["observation"] == 0.0  # VAGEN main: no world-model reward
         assert info["metrics"]["turn_metrics"]["action_is_valid"] is True
         if data["done"]:
             break
     assert data["done"] and info["success"] is True  # VAGEN's loop stops on info["success"]
+    assert data["reward"] == 1.25  # VAGEN main's success_reward (1.0) + the format reward
     assert info["metrics"]["traj_metrics"]["success"] is True
     again, images = env.call("reset", seed=4)
     assert set(again) == {"obs", "info"} and len(images) == 1
@@ -312,3 +321,61 @@ def test_id_table_is_bounded_reaped_and_per_namespace():
     bearer = namespace({b"authorization": b"Bearer t"}, b"")
     assert bearer == namespace({b"x-api-key": b"t"}, b"") == namespace({}, b"token=t") != ""
     assert namespace({b"x-api-key": b"u"}, b"") != bearer
+
+
+def test_vagen_main_stock_configs_translate_and_what_cannot_be_done_is_refused_by_name():
+    from env_server.api.compat.vagen_config import main_session_options
+    from env_server.service.models import ServiceError, SessionOptions
+
+    def fields(env):
+        return set(type(registry.make_config(env, {})).model_fields)
+
+    # examples/evaluate/*/config.yaml of VAGEN main (commit 2936322a), client keys removed
+    stock = {
+        "sokoban": {"dim_room": [6, 6], "max_steps": 100, "num_boxes": 1, "render_mode": "vision",
+                    "max_actions_per_step": 3, "action_sep": ",",
+                    "use_example_in_sys_prompt": True, "prompt_format": "wm"},
+        "frozenlake": {"render_mode": "vision", "size": 4, "p": 0.8, "is_slippery": False,
+                       "slip_prob": 0.0, "max_actions_per_step": 5},
+        "navigation": {"eval_set": "common_sense", "prompt_format": "eval_mode",
+                       "max_actions_per_step": 5},
+        "primitive_skill": {"env_id": "PlaceTwoCube", "prompt_format": "wm",
+                            "max_actions_per_step": 2, "action_sep": "|",
+                            "render_mode": "vision", "format_reward": 0.1,
+                            "success_reward": 10.0},
+    }  # fmt: skip
+    got = {env: main_session_options(env, c, fields(env), seed=1) for env, c in stock.items()}
+    for options in got.values():
+        SessionOptions.model_validate(options)
+    assert [got[e]["format"] for e in stock] == ["vagen_wm", "vagen_free_think",
+                                                 "vagen_eval_mode", "vagen_wm"]  # fmt: skip
+    assert got["sokoban"]["config"]["solved_reward"] == 1.0  # VAGEN main's default
+    assert got["sokoban"]["config"]["step_reward"] == 0.0
+    assert got["sokoban"]["reasoning"]["format_reward"] == 0.1
+    assert got["frozenlake"]["config"]["max_actions_per_turn"] == 5
+    assert got["navigation"]["config"]["task_set"] == "common_sense"
+    assert got["navigation"]["reasoning"] == {
+        "guard": {"enabled": False}, "answer_tag": "action", "format_reward": 0.01, "action_sep": "|",
+        "prompt_example": False, "beta_s": 0.0, "beta_w": 0.0}  # fmt: skip
+    assert got["primitive_skill"]["config"] == {"task": "PlaceTwoCube", "success_reward": 10.0}
+    state = main_session_options("primitive_skill", {"use_state_reward": True,
+                                                     "grounding_reward_weight": 0.2},
+                                 fields("primitive_skill"))  # fmt: skip
+    assert state["reasoning"]["beta_s"] == 0.2 and "beta_w" not in state["reasoning"]
+    ours = main_session_options("sokoban", {"prompt_format": "grounding_worldmodeling"},
+                                fields("sokoban"))  # fmt: skip
+    assert ours["format"] == "grounding_worldmodeling"  # our own names are accepted too
+    for env, config, field in [
+        ("frozenlake", {"slip_prob": 0.1}, "env_config.slip_prob"),
+        ("frozenlake", {"desc": ["SF", "HG"]}, "env_config.desc"),
+        ("frozenlake", {"prompt_format": "free_wm"}, "env_config.prompt_format"),
+        ("sokoban", {"prompt_format": "eval_mode"}, "env_config.prompt_format"),
+        ("sokoban", {"render_mode": "text"}, "env_config.render_mode"),
+        ("navigation", {"format_reward": 1.0}, "env_config.format_reward"),
+        ("navigation", {"multiview": True}, "env_config.multiview"),
+        ("primitive_skill", {"max_actions_per_step": 3}, "env_config.max_actions_per_step"),
+        ("primitive_skill", {"teleport": True}, "env_config.teleport"),
+    ]:
+        with pytest.raises(ServiceError) as caught:
+            main_session_options(env, config, fields(env))
+        assert caught.value.code == "INVALID_ARGUMENT" and caught.value.field == field

@@ -146,7 +146,7 @@ def test_empty_and_extra_answers_are_reported() -> None:
     assert tr.success and tr.invalid_actions == ["span: over the limit of 1 actions per turn"]
 
 
-@pytest.mark.parametrize("fmt", list(ResponseFormat))
+@pytest.mark.parametrize("fmt", list(SECTIONS))  # the paper's formats
 def test_every_reasoning_format_parses_and_scores(fmt: ResponseFormat) -> None:
     env = VicritEnv()
     env.reset(11)

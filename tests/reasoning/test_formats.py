@@ -26,6 +26,11 @@ GOOD = {
     F.GROUNDING: f"<think>{OBS}{RSN}</think><answer>Up, Left</answer>",
     F.WORLDMODELING: f"<think>{RSN}{PRED}</think><answer>Up, Left</answer>",
     F.GROUNDING_WORLDMODELING: f"<think>{OBS}{RSN}{PRED}</think><answer>Up, Left</answer>",
+    F.VAGEN_FREE_THINK: "<think>I go up then left.</think><answer>Up, Left</answer>",
+    F.VAGEN_WM: f"{OBS}<think>Push it down.</think><answer>Up, Left</answer>{PRED}",
+    F.VAGEN_FREE_WM: f"{OBS} Push it down. <answer>Up, Left</answer> then {PRED}",
+    F.VAGEN_NO_THINK: "<answer>Up, Left</answer>",
+    F.VAGEN_EVAL_MODE: "I go up then left. <answer>Up, Left</answer>",
 }
 
 
@@ -37,11 +42,13 @@ def test_well_formed_in_every_format(fmt):
     assert p.answer == "Up, Left"
     sections = {"observation": p.observation, "reasoning": p.reasoning, "prediction": p.prediction}
     for name, value in sections.items():
+        if name == "reasoning" and fmt.value.startswith("vagen_"):  # their <think> is it
+            continue
         assert (value is not None) == (f"<{name}>" in layout(fmt))
-    if fmt is F.GROUNDING_WORLDMODELING:
+    if fmt in (F.GROUNDING_WORLDMODELING, F.VAGEN_WM, F.VAGEN_FREE_WM):
         assert p.observation == "The box is below me."
         assert p.prediction == "The box is on the target."
-    if fmt is F.FREE_THINK:
+    if fmt in (F.FREE_THINK, F.VAGEN_FREE_THINK):
         assert p.think == "I go up then left."
 
 

@@ -10,6 +10,9 @@ Routes, per environment (`GymImageEnvClient(base_urls="http://host:port/compat/v
          system_prompt -> {"obs"}; reset {"seed"} -> {"obs", "info"};
          step {"action_str"} -> {"obs", "reward", "done", "info"}; close -> {"closed": true}
 
+`env_config` is read as VAGEN main's (vagen_config.main_session_options): its keys, its
+defaults and rewards, and `prompt_format: wm` in VAGEN main's layout (our `vagen_wm`).
+
 Requests are multipart/form-data with a JSON part named `data`; replies are multipart/mixed:
 the JSON part, then one raw image/png part per `<image>` in `obs`. Errors: 400 (bad
 request or config key, naming it), 401, 404 (unknown session), 503 (server full).
@@ -28,7 +31,7 @@ from env_server.service.models import ServiceError, SessionReply
 
 from .common import PREFIX, Binding, IdTable, full_error, info_of, png_images, request_namespace
 from .multipart import mixed_reply, read_data_part
-from .vagen_config import session_options
+from .vagen_config import main_session_options
 
 STATUS = {
     "INVALID_ARGUMENT": 400,
@@ -161,7 +164,7 @@ def vagen_router(service: Any, table: IdTable) -> APIRouter:
             if seed is not None and not isinstance(seed, int):
                 raise ServiceError("INVALID_ARGUMENT", "seed must be an integer", "seed")
             fields = set(service.env_specs[env].config_schema.get("properties", {}))
-            options = session_options(env, data.get("env_config") or {}, fields, seed)
+            options = main_session_options(env, data.get("env_config") or {}, fields, seed)
             if table.room() <= 0:
                 raise full_error(table)
         except ServiceError as error:

@@ -42,6 +42,12 @@ from .backend import ACTIONS, Backend, BackendSettings
 from .tasks import TASK_SETS, NavTask
 
 SUCCESS_REWARD = 10.0
+# VAGEN main's spellings of our actions (vagen/envs/navigation/navigation_env.py)
+VAGEN_MAIN_NAMES = {
+    "move_forward": "moveahead", "move_backward": "moveback", "move_left": "moveleft",
+    "move_right": "moveright", "turn_left": "rotateleft", "turn_right": "rotateright",
+    "look_up": "lookup", "look_down": "lookdown",
+}  # fmt: skip
 DEFAULT_FOV = 100.0  # degrees, as in the paper's AI2-THOR setup
 
 TaskSet = Literal[
@@ -62,6 +68,7 @@ class NavigationConfig(EnvConfig):
     max_actions_per_episode: int = Field(
         30, ge=1, le=500, description="Actions before the episode is truncated."
     )
+    success_reward: float = Field(SUCCESS_REWARD, description="Reward for reaching the target.")
     success_distance: float = Field(
         1.5, gt=0, le=10, description="Success radius around the target, metres, floor plane."
     )
@@ -148,6 +155,7 @@ class NavigationEnv(Environment):
                 "moveahead/moveback/moveleft/moveright move 0.5 m without turning; "
                 "rotateleft/rotateright turn 90 degrees; lookup/lookdown tilt the camera 30 degrees."
             ),
+            vagen_names=VAGEN_MAIN_NAMES,
         )
 
     # ---- episode ------------------------------------------------------------------------
@@ -188,7 +196,7 @@ class NavigationEnv(Environment):
         obs = self._observation(feedback)
         return Transition(
             observation=obs,
-            reward=SUCCESS_REWARD if success else 0.0,
+            reward=self.config.success_reward if success else 0.0,
             terminated=terminated,
             truncated=truncated,
             success=success,
@@ -277,25 +285,35 @@ class NavigationEnv(Environment):
 
     def system_prompt(self, format: ResponseFormat) -> str:
         cfg = self.config
+        fmt = ResponseFormat(format)
+        vagen = fmt.value.startswith("vagen_")  # VAGEN main's formats: its action names
+        n = {c: v for v, c in VAGEN_MAIN_NAMES.items()} if vagen else {a: a for a in ACTIONS}
+        separated = (
+            "separated as the response format below says"
+            if vagen
+            else f"separated by commas, e.g. '{n['moveahead']}, {n['moveahead']}, "
+            f"{n['rotateleft']}'"
+        )
         text = (
             "You are a home robot that navigates first-person through indoor rooms to reach the "
             "object a human asks for.\n"
             "Actions:\n"
-            "- moveahead, moveback: move 0.5 m forward or backward\n"
-            "- moveleft, moveright: step 0.5 m sideways without turning\n"
-            "- rotateleft, rotateright: turn 90 degrees in place\n"
-            "- lookup, lookdown: tilt the camera 30 degrees up or down\n"
-            f"You may give up to {cfg.max_actions_per_turn} actions per turn, separated by commas, "
-            "e.g. 'moveahead, moveahead, rotateleft'. Walls and furniture block movement.\n"
+            f"- {n['moveahead']}, {n['moveback']}: move 0.5 m forward or backward\n"
+            f"- {n['moveleft']}, {n['moveright']}: step 0.5 m sideways without turning\n"
+            f"- {n['rotateleft']}, {n['rotateright']}: turn 90 degrees in place\n"
+            f"- {n['lookup']}, {n['lookdown']}: tilt the camera 30 degrees up or down\n"
+            f"You may give up to {cfg.max_actions_per_turn} actions per turn, {separated}. "
+            "Walls and furniture block movement.\n"
             f"You succeed when you are within {cfg.success_distance:g} m of the target object "
-            f"(reward {SUCCESS_REWARD:g}). The episode ends after {cfg.max_actions_per_episode} "
-            f"actions or {cfg.max_turns} turns."
+            f"(reward {cfg.success_reward:g}). The episode ends after "
+            f"{cfg.max_actions_per_episode} actions or {cfg.max_turns} turns."
         )
-        fmt = ResponseFormat(format)
         if fmt in (
             ResponseFormat.GROUNDING,
             ResponseFormat.GROUNDING_WORLDMODELING,
             ResponseFormat.WORLDMODELING,
+            ResponseFormat.VAGEN_WM,
+            ResponseFormat.VAGEN_FREE_WM,
         ):
             text += (
                 "\nWhen you describe where things are, give each object's distance and direction "

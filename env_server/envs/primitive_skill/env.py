@@ -57,6 +57,9 @@ class PrimitiveSkillConfig(EnvConfig):
     )
     image_size: int = Field(300, ge=64, le=1024, description="Side of the square camera image.")
     max_primitives: int = Field(10, ge=1, le=50, description="Executed primitives per episode.")
+    success_reward: float = Field(
+        0.0, description="A bonus on the turn the task succeeds (VAGEN main's success_reward)."
+    )
 
 
 def stage_score(stages: list[bool]) -> float:
@@ -198,6 +201,7 @@ class PrimitiveSkillEnv(Environment):
         reward = 0.0
         if terminated or truncated or self.last_turn:  # the episode's reward, on its last turn
             reward = stage_score(stages) - self._start_score - PRIMITIVE_COST * self._used
+        reward += self.config.success_reward if success else 0.0
         lines = results + [f"{msg} (not executed)" for msg in invalid + self.refused]
         obs = self._observation(header="[Observation after your actions]", results=lines)
         return Transition(
