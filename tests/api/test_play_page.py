@@ -1,7 +1,11 @@
 """The /play page in a real headless Chromium against a real `visenv serve`.
 
 Plays a Sokoban episode to success with the oracle's moves (arrow keys and buttons),
-sends a malformed raw response, and steps a session that the server no longer has.
+sends a malformed raw response, steps a session that the server no longer has, presses
+keys faster than the server answers (each press is one applied step), plays every
+environment through the timeline at 1024x700, hides and shows the ground truth, opens an
+episode file written by clients.episodes, and renders /docs with no internet.
+With VISENV_SCREENSHOT_DIR set, the screenshots are copied there (docs/play/ holds them).
 Needs Debian's `chromium` and `chromium-driver` (installed by `make setup`) and the
 `selenium` package; it fails, never skips, when they are missing.
 """
@@ -19,6 +23,7 @@ import httpx
 import pytest
 
 from env_server.core.registry import make
+from env_server.core.types import Action
 from tests.conftest import VisenvServer, launch_server
 
 CHROMIUM = os.environ.get("VISENV_CHROMIUM", "/usr/bin/chromium")
@@ -51,7 +56,7 @@ def browser(tmp_path: Path) -> Iterator:
     options.binary_location = CHROMIUM
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--window-size=1200,900",
+                 "--disable-sync", "--window-size=1024,700",
                  f"--user-data-dir={tmp_path / 'chromium-profile'}"):  # fmt: skip
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
@@ -80,6 +85,13 @@ def d_text(driver, element_id: str) -> str:
 def shown_step(driver) -> int | None:
     sid = d_text(driver, "sid")
     return int(sid.rsplit("step ", 1)[1]) if "step " in sid else None
+
+
+def shown_images(driver) -> list[int]:
+    """The natural widths of the images in the large view (0: one that did not load)."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#view img')].map(i => i.complete && i.naturalWidth)"
+    )
 
 
 def shown_ground_truth(driver) -> dict:
@@ -116,9 +128,11 @@ def test_play_page_plays_sokoban_to_success(server, browser, tmp_path: Path) -> 
     driver.find_element(By.ID, "create").click()
     wait_for(driver, lambda d: shown_step(d) == 0, "a new session at step 0")
 
-    assert driver.execute_script(
-        "const f = document.getElementById('frame'); return f.complete && f.naturalWidth"
-    ) > 0, "the frame image is not displayed"  # fmt: skip
+    assert shown_images(driver) == [96], "the frame image is not displayed"
+    button = driver.find_element(By.CSS_SELECTOR, "#actions button")
+    assert button.rect["y"] + button.rect["height"] <= driver.execute_script(
+        "return window.innerHeight"
+    ), "the action buttons are below the fold at 1024x700"  # fmt: skip
     buttons = {b.get_attribute("data-action"): b
                for b in driver.find_elements(By.CSS_SELECTOR, "#actions button")}  # fmt: skip
     assert set(buttons) == {"Up", "Down", "Left", "Right"}
@@ -160,6 +174,8 @@ def test_play_page_plays_sokoban_to_success(server, browser, tmp_path: Path) -> 
     # A malformed raw response is graded, not fatal: the page shows the parse error.
     driver.find_element(By.ID, "reset").click()
     wait_for(driver, lambda d: shown_step(d) == 0 and "episode 1" in d_text(d, "sid"), "reset")
+    assert d_text(driver, "where").startswith(f"seed {SEED} · episode 1 · turn 0/")  # same seed
+    assert len(timeline(driver)) == 1  # a new episode starts a new timeline
     response = driver.find_element(By.ID, "response")
     response.send_keys("Left please, no tags")
     act_and_wait(driver, driver.find_element(By.ID, "send").click, 0)
@@ -209,4 +225,65 @@ def test_play_page_asks_for_the_token(server, browser) -> None:
     body = driver.find_element(By.TAG_NAME, "body")
     act_and_wait(driver, partial(body.send_keys, "1"), 0)  # key 1: the first action, Left
     assert '"name":"Left"' in d_text(driver, "info")
+    assert js_errors(driver) == []
+
+
+def timeline(driver) -> list:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, "#timeline .turn")
+
+
+def open_page(driver, server, env: str, seed: int, config: str = "{}", token: str = "") -> None:
+    """Load /play and create a session of `env` at `seed`."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import Select
+
+    if not driver.current_url.endswith("/play"):
+        driver.get(server.url + "/play")
+    if token:
+        driver.find_element(By.ID, "token").send_keys(token, Keys.TAB)
+    wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, f"#env option[value={env}]"),
+             f"the {env} option")  # fmt: skip
+    Select(driver.find_element(By.ID, "env")).select_by_value(env)
+    for field, value in (("seed", str(seed)), ("config", config)):
+        box = driver.find_element(By.ID, field)
+        box.clear()
+        box.send_keys(value)
+    before = d_text(driver, "sid")
+    driver.find_element(By.ID, "create").click()
+    wait_for(driver, lambda d: d_text(d, "sid") != before and shown_step(d) == 0,
+             f"a new {env} session")  # fmt: skip
+
+
+def test_fast_key_presses_are_each_one_applied_step(server, browser) -> None:
+    """Presses sent faster than the server answers queue: n presses, n applied moves,
+    and the return is the sum of the rewards the server gave for them."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    driver = browser
+    open_page(driver, server, "frozenlake", 5, '{"max_turns": 20}', token=TOKEN)
+    body = driver.find_element(By.TAG_NAME, "body")
+    presses = [Keys.ARROW_DOWN, Keys.ARROW_RIGHT, Keys.ARROW_UP, Keys.ARROW_LEFT, Keys.ARROW_DOWN]
+    body.send_keys(*presses)  # one burst: all five before the first reply
+    env = make("frozenlake", {"max_turns": 20})
+    env.reset(5)
+    names = {Keys.ARROW_DOWN: "Down", Keys.ARROW_RIGHT: "Right", Keys.ARROW_UP: "Up",
+             Keys.ARROW_LEFT: "Left"}  # fmt: skip
+    applied = []
+    for key in presses:
+        transition = env.step([Action(names[key])])
+        applied.append(transition)
+        if transition.terminated or transition.truncated:
+            break
+    wait_for(driver, lambda d: shown_step(d) == len(applied), f"{len(applied)} applied steps")
+    wait_for(driver, lambda d: "in flight" not in d_text(d, "inflight"), "the queue drained")
+    assert len(timeline(driver)) == len(applied) + 1
+    assert shown_ground_truth(driver) == env.ground_truth()
+    expected = sum(t.reward for t in applied)
+    assert f"return {expected:.3f}" in d_text(driver, "where"), d_text(driver, "where")
+    acts = [c.find_element(By.CLASS_NAME, "act").text for c in timeline(driver)[1:]]
+    assert acts == [names[k] for k in presses[: len(applied)]]
     assert js_errors(driver) == []
