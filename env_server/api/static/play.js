@@ -11,6 +11,7 @@ const ARROWS = { ArrowUp: "up", ArrowDown: "down", ArrowLeft: "left", ArrowRight
 const ARROW_SIGN = { up: "↑", down: "↓", left: "←", right: "→" };
 const PIXEL_ENVS = new Set(["sokoban", "frozenlake", "vicrit"]);  // grid art: crisp upscaling
 const ANSWER_IN_GT = new Set(["vicrit"]);  // its ground truth holds the answer: hidden at first
+const SHORT = { observation: "obs", prediction: "pred" };  // reward part headers that fit
 const EPISODE_FORMAT = "visenv.episode/1";
 const IMAGE_NAMES = { svg: ["target", "agent's rendering"] };
 
@@ -72,6 +73,11 @@ function entryOf(turn, sent, result, obs) {
 }
 
 const sentText = (e) => (e.turn === 0 ? "start" : e.sent || "");
+// what a card shows of a raw response: its answer, when it has one
+function answerOf(text) {
+  const m = /<answer>([\s\S]*?)<\/answer>/.exec(text);
+  return m ? m[1].trim() : text;
+}
 const episodeReturn = () => entries.reduce((sum, e) => sum + (e.reward || 0), 0);
 
 function thumbs(e, cls) {
@@ -105,7 +111,7 @@ function renderTimeline() {
     card.appendChild(head);
     const act = document.createElement("div");
     act.className = "act";
-    act.textContent = sentText(e);
+    act.textContent = answerOf(sentText(e));
     act.title = sentText(e);
     card.appendChild(act);
     if (e.reward_parts) {
@@ -116,8 +122,10 @@ function renderTimeline() {
     card.onclick = () => select(i === entries.length - 1 ? -1 : i);
     tl.appendChild(card);
   });
-  const card = tl.querySelector(".turn.selected");
-  if (card) card.scrollIntoView({ block: "nearest", inline: "nearest" });
+  const card = tl.querySelector(".turn.selected");  // keep it in view (the strip scrolls, not the page)
+  if (card && (card.offsetLeft < tl.scrollLeft || card.offsetLeft + card.offsetWidth > tl.scrollLeft + tl.clientWidth)) {
+    tl.scrollLeft = card.offsetLeft - tl.clientWidth + card.offsetWidth + 8;
+  }
 }
 
 const shownIndex = () => (selected < 0 ? entries.length - 1 : selected);
@@ -163,7 +171,7 @@ function renderView() {
   $("info").textContent = lines(e.info);
   const parts = e.reward_parts || {};
   $("reward").innerHTML =
-    `<tr><th>reward</th><th>return</th>` + Object.keys(parts).map((k) => `<th>${k}</th>`).join("") + "</tr>" +
+    `<tr><th>reward</th><th>return</th>` + Object.keys(parts).map((k) => `<th title="${k}">${SHORT[k] || k}</th>`).join("") + "</tr>" +
     `<tr><td><b>${fmt(e.reward)}</b></td><td>${fmt(entries.slice(0, i + 1).reduce((s, x) => s + (x.reward || 0), 0))}</td>` +
     Object.values(parts).map((v) => `<td>${fmt(v)}</td>`).join("") + "</tr>";
   $("viewing").textContent = i < entries.length - 1
