@@ -448,3 +448,25 @@ def test_an_episode_file_replays_in_the_timeline(server, browser, tmp_path) -> N
     assert f"seed {SEED + 1}" in d_text(driver, "where")
     assert len(timeline(driver)) == episodes[1]["turns"] + 1
     assert js_errors(driver) == []
+
+
+def test_docs_render_offline(server, browser, tmp_path) -> None:
+    """/docs (Swagger UI) loads every file from this server (fastapi-offline's copies),
+    none from a CDN, and shows the API's operations."""
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    driver.get(server.url + "/docs")
+    wait_for(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".opblock")) > 10,
+             "Swagger UI's operations")  # fmt: skip
+    resources = driver.execute_script(
+        "return performance.getEntriesByType('resource').map(e => e.name)"
+    )
+    assert any(r.endswith("swagger-ui-bundle.js") for r in resources), resources
+    assert all(r.startswith(server.url) for r in resources), resources
+    summaries = " ".join(e.text for e in driver.find_elements(By.CSS_SELECTOR, ".opblock-summary"))
+    assert "/v1/sessions/{session_id}/step" in summaries
+    shoot(driver, tmp_path, "docs")
+    redoc = httpx.get(server.url + "/redoc", headers=server.headers)
+    assert redoc.status_code == 404  # ReDoc would fetch from a CDN: not served
+    assert js_errors(driver) == []
