@@ -139,7 +139,7 @@ def print_summary(summary: Summary, title: str) -> None:
     for code, message in summary.error_messages.items():
         n = summary.errors[code]
         more = f" (and {n - 1} more episode{'s' * (n > 2)})" if n > 1 else ""
-        console.print(f"{code}: {message}{more}", markup=False, highlight=False)
+        console.print(f"{code}: {message}{more}", markup=False, highlight=False, soft_wrap=True)
 
 
 async def evaluate(
