@@ -470,3 +470,24 @@ def test_docs_render_offline(server, browser, tmp_path) -> None:
     redoc = httpx.get(server.url + "/redoc", headers=server.headers)
     assert redoc.status_code == 404  # ReDoc would fetch from a CDN: not served
     assert js_errors(driver) == []
+
+
+def test_a_double_click_on_create_makes_one_session(server, browser) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    def sessions() -> int:
+        return httpx.get(f"{server.url}/health", headers=server.headers).json()["sessions"]
+
+    driver = browser
+    driver.get(server.url + "/play")
+    driver.find_element(By.ID, "token").send_keys(TOKEN, Keys.TAB)
+    wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#env option[value=sokoban]"),
+             "the env list")  # fmt: skip
+    before = sessions()
+    create = driver.find_element(By.ID, "create")
+    ActionChains(driver).double_click(create).click(create).perform()
+    wait_for(driver, lambda d: shown_step(d) == 0, "the new session")
+    wait_for(driver, lambda d: create.is_enabled(), "create enabled again")
+    assert sessions() == before + 1
