@@ -152,6 +152,9 @@ function renderView() {
     const img = document.createElement("img");
     img.src = url;
     img.alt = names[k] || `image ${k + 1}`;
+    if (view.className === "pixel") {  // small grid art: the largest whole-number scale up to 256 px
+      img.onload = () => { img.style.height = `${img.naturalHeight * Math.max(1, Math.floor(256 / img.naturalHeight))}px`; };
+    }
     fig.appendChild(img);
     if (names[k] || e.images.length > 1) {
       const cap = document.createElement("figcaption");
@@ -348,8 +351,9 @@ function template(space, format) {
   return `${sections[format] ?? ""}<answer>${answer}</answer>`;
 }
 
-$("create").onclick = async () => {
-  if (creating) return;  // one session per click, however fast the clicks
+$("create").onclick = async (ev) => {
+  // one session per click while one is being made, and none for a double click's second
+  if (creating || ev.detail > 1) return;
   creating = true;
   $("create").disabled = true;
   setInFlight();
