@@ -279,9 +279,11 @@ async function pump() {
     while (queue.length) {
       setInFlight();
       const item = queue.shift();
+      const target = live;  // a new session or a replay may replace it while we wait
+      if (!target) break;
       if (item.reset !== undefined) {
-        const reply = await api("POST", `/v1/sessions/${live.session_id}/reset`, { seed: item.reset });
-        startEpisode(reply, item.reset);
+        const reply = await api("POST", `/v1/sessions/${target.session_id}/reset`, { seed: item.reset });
+        if (live === target) startEpisode(reply, item.reset);
         continue;
       }
       if (live.done) {  // the episode ended: the presses left over are not played
@@ -289,7 +291,8 @@ async function pump() {
         queue.length = 0;
         break;
       }
-      const reply = await api("POST", `/v1/sessions/${live.session_id}/step`, { step_index: live.step_index, ...item.body });
+      const reply = await api("POST", `/v1/sessions/${target.session_id}/step`, { step_index: target.step_index, ...item.body });
+      if (live !== target) continue;  // the page moved on: this reply is not on screen
       addStep(reply, describe(item.body));
       selected = -1;
       refreshControls();
