@@ -16,7 +16,7 @@ TORCH_SPEC ?= torch==2.13.0
 .PHONY: setup serve test compat-setup compat-test bench lint proto clean help
 
 help:  ## list the targets
-	@grep -E '^[a-z]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
+	@grep -E '^[a-z][a-z-]*:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
 
 setup: $(STAMP)  ## install system packages, the venv, torch (CPU) and visenv with its extras
 

@@ -3,21 +3,22 @@
     visenv eval --server 127.0.0.1:50051 --endpoint http://127.0.0.1:8001/v1 \\
         --model Qwen/Qwen2.5-VL-3B-Instruct --env sokoban --episodes 32 --out results.jsonl
 
-Runs the episodes through the SDK (`run_episodes` with `OpenAIPolicy`), writes one
-JSON line per episode and prints a summary. An episode whose model calls or session
-failed is counted as failed, with its error; it never counts as a zero-reward episode.
+Runs the episodes through the SDK (`run_episodes` with `OpenAIPolicy`), writes them
+to an episode file (`clients/episodes.py`: one JSON line per episode, with every turn's
+images, response and reward parts; `/play` replays it) and prints a summary.
+An episode whose model calls or session failed is counted as failed, with its error; it never counts as a zero-reward episode.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .client import AsyncEnvClient
+from .episodes import PARTS, episode_json, write_episodes
 from .openai_policy import OpenAIPolicy
 from .rollout import Trajectory, run_episodes
 
@@ -47,45 +48,23 @@ def eval_level_seeds(seed: int, episodes: int) -> range:
     return range(first, first + episodes)
 
 
-PARTS = ("env", "format", "observation", "prediction", "penalty")
 SCORES = ("observation_score", "prediction_score")
 
 
 def episode_record(traj: Trajectory) -> dict[str, Any]:
-    """One JSON-ready line for one episode."""
-    parts = {k: sum(t.reward_parts.to_dict()[k] for t in traj.turns) for k in PARTS}
+    """One episode as a line of an episode file (`clients.episodes`, images included) with
+    the evaluation's per-episode scores added."""
     scores = {
         k: [float(t.info[k]) for t in traj.turns if t.info.get(k) is not None] for k in SCORES
     }
     return {
-        "episode": traj.episode,
-        "env": traj.env,
-        "seed": traj.seed,
-        "ok": traj.ok,
-        "error": None
-        if traj.error is None
-        else {"code": traj.error.code, "message": traj.error.message},
-        "success": traj.success,
-        "return": traj.total_reward if traj.ok else None,
-        "turns": len(traj.turns),
-        "terminated": traj.terminated,
-        "truncated": traj.truncated,
-        "reward_parts": parts,
+        **episode_json(traj),
         "action_valid_rate": (
             sum(bool(t.info.get("action_valid")) for t in traj.turns) / len(traj.turns)
             if traj.turns
             else None
         ),
         **{k: (sum(v) / len(v) if v else None) for k, v in scores.items()},
-        "steps": [
-            {
-                "response": t.response,
-                "reward": t.reward,
-                "action_valid": t.info.get("action_valid"),
-                "parse_error": t.info.get("parse_error"),
-            }
-            for t in traj.turns
-        ],
     }
 
 
@@ -100,6 +79,8 @@ class Summary:
     observation_score: float | None = None
     prediction_score: float | None = None
     errors: dict[str, int] = field(default_factory=dict)  # error code -> episodes
+    # error code -> the first such episode's message (the cause, printed under the table)
+    error_messages: dict[str, str] = field(default_factory=dict)
 
 
 def _mean(xs: Sequence[float | None]) -> float | None:
@@ -110,9 +91,13 @@ def _mean(xs: Sequence[float | None]) -> float | None:
 def summarize(records: Sequence[dict[str, Any]]) -> Summary:
     ok = [r for r in records if r["ok"]]
     errors: dict[str, int] = {}
+    messages: dict[str, str] = {}
     for r in records:
         if r["error"]:
-            errors[r["error"]["code"]] = errors.get(r["error"]["code"], 0) + 1
+            code = r["error"]["code"]
+            errors[code] = errors.get(code, 0) + 1
+            messages.setdefault(code, f"episode {r['episode']} (seed {r['seed']}): "
+                                      f"{r['error']['message']}")  # fmt: skip
     return Summary(
         episodes=len(records),
         failed=len(records) - len(ok),
@@ -123,6 +108,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> Summary:
         observation_score=_mean([r["observation_score"] for r in ok]),
         prediction_score=_mean([r["prediction_score"] for r in ok]),
         errors=errors,
+        error_messages=messages,
     )
 
 
@@ -148,7 +134,12 @@ def print_summary(summary: Summary, title: str) -> None:
     table.add_row("prediction score", fmt(summary.prediction_score))
     for code, n in summary.errors.items():
         table.add_row(f"errors {code}", str(n))
-    Console(width=100).print(table)
+    console = Console(width=100)
+    console.print(table)
+    for code, message in summary.error_messages.items():
+        n = summary.errors[code]
+        more = f" (and {n - 1} more episode{'s' * (n > 2)})" if n > 1 else ""
+        console.print(f"{code}: {message}{more}", markup=False, highlight=False, soft_wrap=True)
 
 
 async def evaluate(
@@ -197,11 +188,7 @@ def run_eval(
     """Evaluate, write the JSONL (when `out` is given) and print the summary."""
     records = asyncio.run(evaluate(servers, policy, env, seeds, **options))
     if out is not None:
-        path = Path(out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w") as f:
-            for r in records:
-                f.write(json.dumps(r) + "\n")
+        write_episodes(out, records)
     summary = summarize(records)
     print_summary(summary, f"{env}: {policy.model} ({len(records)} episodes)")
     return records, summary

@@ -316,8 +316,13 @@ class Observation:
     text: str
     """One '<image>' placeholder per image, in order."""
     images: tuple[Image, ...]
+    """The images the text's placeholders stand for, in order (svg: the target, then the
+    agent's last rendering); empty for a text-only observation."""
     ground_truth: dict[str, Any]
+    """The true state as JSON (the environment's own keys, e.g. sokoban's player, boxes,
+    targets and walls); it may hold the answer, so never show it to the agent."""
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Extra facts about the observation from the environment (often empty)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.images, tuple):  # the server hands a list
@@ -365,10 +370,15 @@ class RewardParts:
     __reduce__ = _reduce_to_fields
 
     env: float = 0.0
+    """The environment's own reward for the actions (e.g. -0.1 a move, +10 at the goal)."""
     format: float = 0.0
+    """The format reward: a well-formed response whose actions are all valid."""
     observation: float = 0.0
+    """Weighted score of the <observation> against the true state before the step."""
     prediction: float = 0.0
+    """Weighted score of the <prediction> against the true state after the step."""
     penalty: float = 0.0
+    """Negative or 0: the reward-hacking guard's penalty for frequent low-scoring answers."""
 
     @property
     def total(self) -> float:
@@ -415,7 +425,9 @@ class SessionReply:
     __reduce__ = _reduce_to_fields
 
     session_id: str
+    """The server-made id of the session (the path's {session_id})."""
     env: str
+    """The environment's name, e.g. sokoban."""
     step_index: int
     """Steps applied since the last reset: the index the next step carries."""
     episode: int
@@ -423,12 +435,17 @@ class SessionReply:
     turn: int
     """Turns taken in this episode."""
     observation: Observation
+    """What the agent sees now (after this step, or at the start of the episode)."""
     reward: float
     """The sum of reward_parts."""
     reward_parts: RewardParts
+    """This step's reward by source (all 0 on create/reset)."""
     terminated: bool
+    """The episode ended by the environment's rules (success or failure); reset to go on."""
     truncated: bool
+    """The episode was cut off at its turn limit (max_turns); reset to go on."""
     success: bool
+    """The task is solved (e.g. every box on a target)."""
     info: dict[str, Any]
     """StepInfo (empty on create/reset): action_valid, actions_executed, actions,
     invalid_actions, parse_error, observation_score, prediction_score, judge_error,
@@ -531,10 +548,13 @@ class EnvSpec:
     __pydantic_config__ = _SCHEMA
 
     name: str
+    """The name sessions ask for, e.g. sokoban."""
     description: str
+    """One sentence on the task."""
     available: bool
     """False when it can't run on this server (a missing backend)."""
     unavailable_reason: str | None
+    """Why it can't run here (what is missing), or null."""
     config_schema: dict[str, Any]
     """The JSON schema of the environment's config."""
     action_space: dict[str, Any] | None
@@ -722,16 +742,23 @@ class BatchItem(TypedDict):
     """One item of a batch reply: the session's reply, or the error that refused it."""
 
     ok: bool
+    """True: `reply` is set; false: `error` is."""
     reply: NotRequired[SessionReply]
+    """The session's reply (when ok)."""
     error: NotRequired[Error]
+    """Why this item was refused (when not ok); the other items are unaffected."""
 
 
 class BatchResponse(TypedDict):
+    """The reply of a batch create, reset or step."""
+
     results: list[BatchItem]
     """One per request item, in order."""
 
 
 class ForkedSessions(TypedDict):
+    """The reply of a fork: the new sessions."""
+
     replies: list[SessionReply]
     """One per fork: the source's last reply under the fork's session_id, with
     info.fork = {source, exact, tolerance}."""
@@ -741,31 +768,54 @@ class ForkResult(TypedDict):
     """One fork item: its forks' replies, or the one error that refused it whole."""
 
     ok: bool
+    """True: `replies` is set; false: `error` is."""
     replies: NotRequired[list[SessionReply]]
+    """One per fork (when ok), as in ForkedSessions."""
     error: NotRequired[Error]
+    """Why the item was refused (when not ok): no fork of it was made."""
 
 
 class ForkResponse(TypedDict):
+    """The reply of a batch fork."""
+
     results: list[ForkResult]
+    """One per request item, in order."""
 
 
 class CloseResult(TypedDict):
+    """One closed session, or why it could not be closed."""
+
     ok: bool
+    """True: the session is closed."""
     error: NotRequired[Error]
+    """Why not (when not ok), e.g. NOT_FOUND."""
 
 
 class CloseResponse(TypedDict):
+    """The reply of a batch close."""
+
     results: list[CloseResult]
+    """One per session id, in order."""
 
 
 class ListEnvsResponse(TypedDict):
+    """The environments this server knows."""
+
     envs: list[EnvSpec]
+    """Every registered environment, with whether it is enabled and available here."""
 
 
 class ErrorReply(TypedDict):
     """The body of every REST error status."""
 
     error: Error
+    """The error: its code, a readable message, and the field at fault (if one is)."""
+
+
+# pydantic reads the envelopes' field docstrings too (the OpenAPI document's descriptions)
+for _envelope in (BatchItem, BatchResponse, ForkedSessions, ForkResult, ForkResponse,
+                  CloseResult, CloseResponse, ListEnvsResponse, ErrorReply):  # fmt: skip
+    _envelope.__pydantic_config__ = _SCHEMA  # type: ignore[attr-defined]
 
 
 Answer = SessionReply | _ErrorLike  # a batch item's answer: a reply or an error

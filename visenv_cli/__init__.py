@@ -18,6 +18,16 @@ import sys
 from typing import Annotated
 
 import typer
+import typer.core
+
+
+def _flag_type(self: typer.core.TyperOption, ctx: typer.core._click.Context) -> str | None:
+    """A flag takes no value: --help shows no type for it (typer 0.29 labels it <bool>)."""
+    return None if self.is_flag else _option_type(self, ctx)
+
+
+_option_type = typer.core.TyperOption.display_type_rich
+typer.core.TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
 
 app = typer.Typer(
     help="visenv: visual environments for multi-turn RL of vision-language agents.",
@@ -121,7 +131,9 @@ def serve(
 ) -> None:  # fmt: on
     """Serve every enabled environment over HTTP and gRPC from one process.
 
-    Options not given come from VISENV_* environment variables (VISENV_PORT, VISENV_WORKERS, ...), then the defaults. Prints the HTTP, gRPC, docs and play addresses; stop with Ctrl-C.
+    Options not given come from VISENV_* environment variables (VISENV_PORT,
+    VISENV_WORKERS, ...), then the defaults. Prints the HTTP, gRPC, docs and play
+    addresses; stop with Ctrl-C.
     """
     from pydantic import ValidationError
 
@@ -176,7 +188,10 @@ def list_envs() -> None:
     add_help_option=False,
 )
 def train(ctx: typer.Context) -> None:
-    """Train a policy with PPO / Bi-Level GAE: visenv train CONFIG (see trainer/cli.py)."""
+    """Train a policy with PPO / Bi-Level GAE from a YAML config.
+
+    visenv train CONFIG [section.key=value ...]: see docs/trainer.md, and visenv train
+    --help for its options."""
     try:
         module = importlib.import_module("trainer.cli")
     except ImportError as exc:
@@ -210,7 +225,8 @@ def eval_model(
         help="OpenAI-compatible API root, e.g. http://127.0.0.1:8001/v1 (vLLM).")],
     model: Annotated[str, typer.Option(help="The served model name.")],
     server: Annotated[list[str], typer.Option(
-        help="visenv server HOST:PORT (repeatable); grpc:// or http:// picks the transport.")],
+        help="A visenv server (repeatable): its gRPC address HOST:GRPC_PORT (visenv serve's "
+        "--grpc-port, 50051 by default), or http://HOST:PORT for REST (--port, 8000).")],
     env: Annotated[str, typer.Option(help="Environment name (see `visenv envs`).")] = "sokoban",
     config: Annotated[str, typer.Option(help=(
         "The environment's config as JSON, e.g. '{\"feedback\": \"unary\"}' for vicrit."))] = "{}",
@@ -228,17 +244,24 @@ def eval_model(
     max_turns: Annotated[int | None, typer.Option(
         min=1, help="Turns per episode.", show_default="the env's limit")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Episodes at once.")] = 16,
-    transport: Annotated[str, typer.Option(help="grpc or http, for bare addresses.")] = "grpc",
-    temperature: Annotated[float, typer.Option(min=0.0)] = 0.0,
+    transport: Annotated[str, typer.Option(
+        help="grpc or http: the protocol of --server addresses without grpc:// or http://.")
+    ] = "grpc",
+    temperature: Annotated[float, typer.Option(
+        min=0.0, help="Sampling temperature of the model (0: greedy).")] = 0.0,
     max_tokens: Annotated[int, typer.Option(min=1, help="Tokens per answer.")] = 512,
     timeout: Annotated[float, typer.Option(help="Seconds per model request.")] = 120.0,
     retries: Annotated[int, typer.Option(min=0, help="Retries on 429/5xx/connection errors.")] = 3,
     api_key_env: Annotated[str, typer.Option(
         help="Environment variable with the endpoint's API key.")] = "OPENAI_API_KEY",
-    out: Annotated[str | None, typer.Option(help="Write one JSON line per episode here.")] = None,
+    out: Annotated[str | None, typer.Option(help=(
+        "Write the episodes here: an episode file (one JSON line per episode with every "
+        "turn's images, response and rewards) that /play opens."))] = None,
 ) -> None:  # fmt: on
-    """Evaluate a model behind an OpenAI-compatible endpoint: success rate, return, reward
-    parts, valid actions, world-model scores, failed episodes. Exits 1 if every episode failed."""
+    """Evaluate a model behind an OpenAI-compatible endpoint on held-out levels.
+
+    Prints the success rate, return, reward parts, valid actions, world-model scores and
+    failed episodes (with the cause of each error code). Exits 1 if every episode failed."""
     from clients.eval import eval_level_seeds, run_eval
     from clients.openai_policy import OpenAIPolicy
 
@@ -283,13 +306,16 @@ def levels_command(
     format: Annotated[str | None, typer.Option(
         help="Response format.", show_default="no_think for random, else the env's")] = None,
     max_turns: Annotated[int | None, typer.Option(min=1, help="Turns per try.")] = None,
-    temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
+    temperature: Annotated[float, typer.Option(
+        min=0.0, help="Sampling temperature of the model's tries.")] = 1.0,
     success_min: Annotated[float, typer.Option(help="Selection: lowest success rate.")] = 0.1,
     success_max: Annotated[float, typer.Option(help="Selection: highest success rate.")] = 0.7,
 ) -> None:  # fmt: on
-    """Score levels by difficulty (ThinkLite-VL): the oracle's solution length and, with a
-    policy, its success over K tries; print the difficulty histograms of all the levels and
-    of those a trainer with ppo.level_success_min/max would select."""
+    """Score levels by difficulty (ThinkLite-VL) and write them to a level file.
+
+    The oracle's solution length and, with a policy, its success over K tries; prints the
+    difficulty histograms of all the levels and of those a trainer with
+    ppo.level_success_min/max would select."""
 
     from trainer import levels as lv
 

@@ -36,7 +36,11 @@ def _bind(host: str, port: int) -> socket.socket:
     # says TCP; without it every keep-alive reply waited ~40 ms for a delayed ACK (Nagle)
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:  # "Address already in use" alone does not say which port
+        sock.close()
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
     sock.listen(2048)  # connections queue until uvicorn accepts them
     return sock
 

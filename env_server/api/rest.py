@@ -20,6 +20,7 @@ from fastapi import Body, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -57,7 +58,9 @@ def replies(model: Any) -> dict[str, Any]:
 
 ONE = replies(wire.SessionReply)
 BATCH = replies(wire.BatchResponse)
-OPEN_PATHS = ("/health", "/play", "/static/", "/docs", "/openapi.json", "/favicon.ico")
+# /docs loads Swagger UI from /static-offline-docs (fastapi-offline's files, no CDN)
+OPEN_PATHS = ("/health", "/play", "/static/", "/docs", "/static-offline-docs/", "/openapi.json",
+              "/favicon.ico")  # fmt: skip
 
 
 def error_response(error: ServiceError) -> JSONResponse:
@@ -222,7 +225,8 @@ def build_app(
     open_prefixes: tuple[str, ...] = (),
 ) -> FastAPI:
     """The FastAPI app over a started `service` (the caller starts and stops it)."""
-    app = FastAPI(
+    app = FastAPIOffline(  # a FastAPI app whose /docs works without internet
+        redoc_url=None,  # ReDoc would still fetch its logo from a CDN
         title="visenv",
         version="0.1.0",
         description="Visual environments for multi-turn RL of vision-language agents. "
@@ -260,10 +264,13 @@ def build_app(
 
     @app.get("/health", tags=["server"])
     async def health() -> dict[str, Any]:
+        """Liveness and load: status, open sessions and the cap, enabled envs, workers.
+        Open without a token."""
         return await service.health()
 
     @app.get("/metrics", tags=["server"])
     async def metrics() -> Response:
+        """Prometheus metrics: requests, latencies, sessions, errors by code."""
         return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/play", include_in_schema=False)
@@ -276,24 +283,34 @@ def build_app(
 
     @app.get("/v1/envs", tags=["envs"], **replies(wire.ListEnvsResponse))
     async def list_envs() -> JSONResponse:
+        """Every registered environment: its config schema, action space, and whether
+        it is enabled and available on this server."""
         return JSONResponse({"envs": [spec.to_json() for spec in await service.list_envs()]})
 
     @app.post("/v1/sessions", tags=["sessions"], summary="Create a session (and reset it)", **ONE)
     async def create(options: SessionOptions) -> Response:
+        """Create a session of an environment and reset it to `seed`: the first
+        observation, the system prompt, step_index 0."""
         return one((await service.create([options]))[0])
 
     @app.get("/v1/sessions/{session_id}", tags=["sessions"], summary="The last reply", **ONE)
     async def get(session_id: str) -> Response:
+        """The session's last reply again (applies nothing)."""
         return one((await service.get([session_id]))[0])
 
     @app.post("/v1/sessions/{session_id}/reset", tags=["sessions"], **ONE)
     async def reset(session_id: str, body: ResetBody | None = Body(None)) -> Response:
+        """Start a new episode in the session: at `seed`, or at the previous seed + 1
+        when none is given."""
         body = body or ResetBody()
         item = {"session_id": session_id, **body.model_dump(exclude_none=True)}
         return one((await service.reset([item]))[0])
 
     @app.post("/v1/sessions/{session_id}/step", tags=["sessions"], **ONE)
     async def step(session_id: str, body: StepBody) -> Response:
+        """Take one turn: the agent's raw response (parsed and graded) or explicit
+        actions. `step_index` must be the reply's; a repeated index is answered from
+        memory, never applied twice."""
         item = {"session_id": session_id, **body.model_dump(exclude_none=True)}
         return one((await service.step([item]))[0])
 
@@ -304,6 +321,8 @@ def build_app(
         **replies(wire.ForkedSessions),
     )
     async def fork(session_id: str, body: ForkBody | None = Body(None)) -> Response:
+        """Make `n` new sessions in this session's exact state (group rollouts,
+        branches)."""
         body = body or ForkBody()
         result = (await service.fork([{"session_id": session_id, **body.model_dump()}]))[0]
         if isinstance(result, ServiceError):
@@ -312,6 +331,7 @@ def build_app(
 
     @app.delete("/v1/sessions/{session_id}", tags=["sessions"])
     async def close(session_id: str) -> Response:
+        """Close the session and free its environment."""
         error = (await service.close([session_id]))[0]
         return error_response(error) if error is not None else JSONResponse({"ok": True})
 
@@ -322,6 +342,8 @@ def build_app(
         responses={200: {"content": {"image/png": {}}}},
     )
     async def frame(session_id: str) -> Response:
+        """The latest image the session showed, as PNG (svg: the agent's rendering
+        after a step; after a text-only turn, the image before it)."""
         try:
             png = await service.frame(session_id)
         except ServiceError as error:
@@ -330,14 +352,19 @@ def build_app(
 
     @app.post("/v1/batch/create", tags=["batch"], **BATCH)
     async def batch_create(body: BatchCreate) -> JSONResponse:
+        """Create many sessions; each item is answered on its own (one bad item gets
+        its own error)."""
         return batch(await service.create(body.items))
 
     @app.post("/v1/batch/reset", tags=["batch"], **BATCH)
     async def batch_reset(body: BatchReset) -> JSONResponse:
+        """Reset many sessions; each item is answered on its own."""
         return batch(await service.reset(body.items))
 
     @app.post("/v1/batch/step", tags=["batch"], **BATCH)
     async def batch_step(body: BatchStep) -> JSONResponse:
+        """Step many sessions at once (one message per worker); each item is answered
+        on its own."""
         return batch(await service.step(body.items))
 
     @app.post(
@@ -346,18 +373,21 @@ def build_app(
         **replies(wire.ForkResponse),
     )
     async def batch_fork(body: BatchFork) -> JSONResponse:
+        """Fork many sessions; each item gets its forks or its own error."""
         results = await service.fork(body.items)
         return JSONResponse({"results": [wire.fork_item_json(r) for r in results]})
 
     @app.post("/v1/batch/close", tags=["batch"], **replies(wire.CloseResponse))
     async def batch_close(body: BatchClose) -> JSONResponse:
+        """Close many sessions; each id is answered on its own."""
         results = await service.close(body.session_ids)
         return JSONResponse({"results": [wire.close_item_json(e) for e in results]})
 
     def openapi() -> dict[str, Any]:  # built on first use: routes added later are in it
         if not app.openapi_schema:
             enabled = sorted(n for n, spec in service.env_specs.items() if spec.enabled)
-            app.openapi_schema = with_session_links(FastAPI.openapi(app), enabled)
+            schema = with_descriptions(FastAPI.openapi(app))
+            app.openapi_schema = with_session_links(schema, enabled)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -406,4 +436,30 @@ def with_session_links(schema: dict[str, Any], envs: list[str] | None = None) ->
         operation = paths.get(path, {}).get(method)
         if operation is not None:
             operation["responses"]["200"]["links"] = links
+    return schema
+
+
+# Path parameters many routes share, described once for the OpenAPI document.
+PARAMETERS = {
+    "session_id": "The session's id, as its create reply gave it (session_id).",
+    "env": "An environment's name, e.g. sokoban (GET /v1/envs lists them).",
+}
+
+
+def with_descriptions(schema: dict[str, Any]) -> dict[str, Any]:
+    """Describe the shared path parameters, and document request-validation failures as
+    what this app answers for them (an ErrorReply with status 422, `_on_validation`)
+    instead of FastAPI's default HTTPValidationError, which it never sends."""
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                parameter.setdefault("description", PARAMETERS.get(parameter["name"], ""))
+            invalid = operation.get("responses", {}).get("422", {})
+            content = invalid.get("content", {}).get("application/json", {})
+            if content.get("schema", {}).get("$ref", "").endswith("/HTTPValidationError"):
+                content["schema"] = {"$ref": "#/components/schemas/ErrorReply"}
+                invalid["description"] = "INVALID_ARGUMENT: a malformed request, naming the field"
+    schemas = schema.get("components", {}).get("schemas", {})
+    for builtin in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(builtin, None)
     return schema

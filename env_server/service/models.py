@@ -35,12 +35,20 @@ class SessionOptions(_Strict):
     env: str = Field(description="Registry name, e.g. 'sokoban'.")
     config: dict[str, Any] = Field(default_factory=dict, description="The environment's config.")
     seed: int = Field(0, description="Seed of the first episode.")
-    format: ResponseFormat = ResponseFormat.GROUNDING_WORLDMODELING
-    representation: Representation = Representation.NATURAL
+    format: ResponseFormat = Field(
+        ResponseFormat.GROUNDING_WORLDMODELING,
+        description="How responses are written and graded (the <think> sections they hold).",
+    )
+    representation: Representation = Field(
+        Representation.NATURAL,
+        description="How states are written: in the text, and in <observation>/<prediction>.",
+    )
     reasoning: dict[str, Any] = Field(
         default_factory=dict, description="Reward options (ReasoningConfig fields)."
     )
-    image_encoding: ImageEncoding = "png"
+    image_encoding: ImageEncoding = Field(
+        "png", description="How replies carry images: png, jpeg, or raw RGB bytes."
+    )
 
 
 class ResetBody(_Strict):
@@ -55,9 +63,13 @@ class ResetItem(ResetBody):
 
 
 class ActionModel(_Strict):
-    name: str
-    args: list[float] = Field(default_factory=list)
-    payload: str | None = None
+    """One explicit action of a step."""
+
+    name: str = Field(description="An action name of the env's action space, e.g. 'Left'.")
+    args: list[float] = Field(
+        default_factory=list, description="Numbers of a call action, e.g. pick's x, y, z."
+    )
+    payload: str | None = Field(None, description="The document of a document action (svg).")
 
 
 class StepBody(_Strict):
@@ -84,23 +96,31 @@ class StepItem(StepBody):
 
 
 class BatchCreate(_Strict):
+    """REST body of POST /v1/batch/create."""
+
     items: list[dict[str, Any]] = Field(
         description="SessionOptions objects; each is validated and answered on its own."
     )
 
 
 class BatchReset(_Strict):
+    """REST body of POST /v1/batch/reset."""
+
     items: list[dict[str, Any]] = Field(description="ResetItem objects: {session_id, seed?}.")
 
 
 class BatchStep(_Strict):
+    """REST body of POST /v1/batch/step."""
+
     items: list[dict[str, Any]] = Field(
         description="StepItem objects: {session_id, step_index, response | actions}."
     )
 
 
 class BatchClose(_Strict):
-    session_ids: list[str]
+    """REST body of POST /v1/batch/close."""
+
+    session_ids: list[str] = Field(description="The sessions to close; each answered alone.")
 
 
 MAX_FORKS = 256  # per fork item; the session cap is checked as well
@@ -117,6 +137,8 @@ class ForkItem(ForkBody):
 
 
 class BatchFork(_Strict):
+    """REST body of POST /v1/batch/fork."""
+
     items: list[dict[str, Any]] = Field(description="ForkItem objects: {session_id, n}.")
 
 

@@ -11,7 +11,7 @@ API (all methods are coroutines; batch-first, answered per item, in order)::
     await service.get(ids)      -> list[SessionReply | ServiceError]   the last reply, nothing applied
     await service.close(ids)    -> list[ServiceError | None]           None: closed
     await service.fork(items)   -> list[list[SessionReply] | ServiceError]  items: ForkItem | dict
-    await service.frame(id)     -> bytes (PNG of the current first image); raises ServiceError
+    await service.frame(id)     -> bytes (PNG of the latest image shown); raises ServiceError
     await service.health()      -> dict (status, sessions, workers with pids, limits, ...)
     service.metrics.render()    -> Prometheus text
     await service.stop()

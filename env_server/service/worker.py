@@ -88,8 +88,8 @@ class WorkerSession:
 
     def observe(self, obs: Observation) -> None:
         self.obs = obs
-        if obs.images:
-            self.last_image = obs.images[0]
+        if obs.images:  # the last one is the newest (svg: the agent's rendering after the target)
+            self.last_image = obs.images[-1]
 
 
 class Worker:

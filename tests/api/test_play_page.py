@@ -1,7 +1,11 @@
 """The /play page in a real headless Chromium against a real `visenv serve`.
 
 Plays a Sokoban episode to success with the oracle's moves (arrow keys and buttons),
-sends a malformed raw response, and steps a session that the server no longer has.
+sends a malformed raw response, steps a session that the server no longer has, presses
+keys faster than the server answers (each press is one applied step), plays every
+environment through the timeline at 1024x700, hides and shows the ground truth, opens an
+episode file written by clients.episodes, and renders /docs with no internet.
+With VISENV_SCREENSHOT_DIR set, the screenshots are copied there (docs/play/ holds them).
 Needs Debian's `chromium` and `chromium-driver` (installed by `make setup`) and the
 `selenium` package; it fails, never skips, when they are missing.
 """
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from functools import partial
@@ -19,6 +24,7 @@ import httpx
 import pytest
 
 from env_server.core.registry import make
+from env_server.core.types import Action
 from tests.conftest import VisenvServer, launch_server
 
 CHROMIUM = os.environ.get("VISENV_CHROMIUM", "/usr/bin/chromium")
@@ -51,7 +57,7 @@ def browser(tmp_path: Path) -> Iterator:
     options.binary_location = CHROMIUM
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--window-size=1200,900",
+                 "--disable-sync", "--window-size=1024,700",
                  f"--user-data-dir={tmp_path / 'chromium-profile'}"):  # fmt: skip
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
@@ -80,6 +86,13 @@ def d_text(driver, element_id: str) -> str:
 def shown_step(driver) -> int | None:
     sid = d_text(driver, "sid")
     return int(sid.rsplit("step ", 1)[1]) if "step " in sid else None
+
+
+def shown_images(driver) -> list[int]:
+    """The natural widths of the images in the large view (0: one that did not load)."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#view img')].map(i => i.complete && i.naturalWidth)"
+    )
 
 
 def shown_ground_truth(driver) -> dict:
@@ -116,9 +129,11 @@ def test_play_page_plays_sokoban_to_success(server, browser, tmp_path: Path) -> 
     driver.find_element(By.ID, "create").click()
     wait_for(driver, lambda d: shown_step(d) == 0, "a new session at step 0")
 
-    assert driver.execute_script(
-        "const f = document.getElementById('frame'); return f.complete && f.naturalWidth"
-    ) > 0, "the frame image is not displayed"  # fmt: skip
+    assert shown_images(driver) == [96], "the frame image is not displayed"
+    button = driver.find_element(By.CSS_SELECTOR, "#actions button")
+    assert button.rect["y"] + button.rect["height"] <= driver.execute_script(
+        "return window.innerHeight"
+    ), "the action buttons are below the fold at 1024x700"  # fmt: skip
     buttons = {b.get_attribute("data-action"): b
                for b in driver.find_elements(By.CSS_SELECTOR, "#actions button")}  # fmt: skip
     assert set(buttons) == {"Up", "Down", "Left", "Right"}
@@ -155,11 +170,16 @@ def test_play_page_plays_sokoban_to_success(server, browser, tmp_path: Path) -> 
                 break
     wait_for(driver, lambda d: "episode over: success" in d_text(d, "status"), "success")
     assert all(not b.is_enabled() for b in buttons.values())
+    assert driver.execute_script("return document.documentElement.scrollWidth") <= 1024, (
+        "the page scrolls sideways at 1024x700"
+    )
     driver.save_screenshot(str(tmp_path / "play-page-success.png"))
 
     # A malformed raw response is graded, not fatal: the page shows the parse error.
     driver.find_element(By.ID, "reset").click()
     wait_for(driver, lambda d: shown_step(d) == 0 and "episode 1" in d_text(d, "sid"), "reset")
+    assert d_text(driver, "where").startswith(f"seed {SEED} · episode 1 · turn 0/")  # same seed
+    assert len(timeline(driver)) == 1  # a new episode starts a new timeline
     response = driver.find_element(By.ID, "response")
     response.send_keys("Left please, no tags")
     act_and_wait(driver, driver.find_element(By.ID, "send").click, 0)
@@ -182,9 +202,6 @@ def test_play_page_plays_sokoban_to_success(server, browser, tmp_path: Path) -> 
     assert shown_step(driver) == 2  # the last good reply stays on screen
     driver.save_screenshot(str(tmp_path / "play-page-not-found.png"))
     assert js_errors(driver) == []
-    if os.environ.get("VISENV_SCREENSHOT_DIR"):
-        for png in tmp_path.glob("*.png"):
-            shutil.copy(png, os.environ["VISENV_SCREENSHOT_DIR"])
 
 
 def test_play_page_asks_for_the_token(server, browser) -> None:
@@ -210,3 +227,264 @@ def test_play_page_asks_for_the_token(server, browser) -> None:
     act_and_wait(driver, partial(body.send_keys, "1"), 0)  # key 1: the first action, Left
     assert '"name":"Left"' in d_text(driver, "info")
     assert js_errors(driver) == []
+
+
+def timeline(driver) -> list:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, "#timeline .turn")
+
+
+def open_page(driver, server, env: str, seed: int, config: str = "{}", token: str = "") -> None:
+    """Load /play and create a session of `env` at `seed`."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import Select
+
+    if not driver.current_url.endswith("/play"):
+        driver.get(server.url + "/play")
+    if token:
+        driver.find_element(By.ID, "token").send_keys(token, Keys.TAB)
+    wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, f"#env option[value={env}]"),
+             f"the {env} option")  # fmt: skip
+    Select(driver.find_element(By.ID, "env")).select_by_value(env)
+    for field, value in (("seed", str(seed)), ("config", config)):
+        box = driver.find_element(By.ID, field)
+        box.clear()
+        box.send_keys(value)
+    before = d_text(driver, "sid")
+    driver.find_element(By.ID, "create").click()
+    wait_for(driver, lambda d: d_text(d, "sid") != before and shown_step(d) == 0,
+             f"a new {env} session")  # fmt: skip
+
+
+def test_fast_key_presses_are_each_one_applied_step(server, browser) -> None:
+    """Presses sent faster than the server answers queue: n presses, n applied moves,
+    and the return is the sum of the rewards the server gave for them."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    driver = browser
+    open_page(driver, server, "frozenlake", 5, '{"max_turns": 20}', token=TOKEN)
+    body = driver.find_element(By.TAG_NAME, "body")
+    presses = [Keys.ARROW_DOWN, Keys.ARROW_RIGHT, Keys.ARROW_UP, Keys.ARROW_LEFT, Keys.ARROW_DOWN]
+    body.send_keys(*presses)  # one burst: all five before the first reply
+    env = make("frozenlake", {"max_turns": 20})
+    env.reset(5)
+    names = {Keys.ARROW_DOWN: "Down", Keys.ARROW_RIGHT: "Right", Keys.ARROW_UP: "Up",
+             Keys.ARROW_LEFT: "Left"}  # fmt: skip
+    applied = []
+    for key in presses:
+        transition = env.step([Action(names[key])])
+        applied.append(transition)
+        if transition.terminated or transition.truncated:
+            break
+    wait_for(driver, lambda d: shown_step(d) == len(applied), f"{len(applied)} applied steps")
+    wait_for(driver, lambda d: "in flight" not in d_text(d, "inflight"), "the queue drained")
+    assert len(timeline(driver)) == len(applied) + 1
+    assert shown_ground_truth(driver) == env.ground_truth()
+    expected = sum(t.reward for t in applied)
+    assert f"return {expected:.3f}" in d_text(driver, "where"), d_text(driver, "where")
+    acts = [c.find_element(By.CLASS_NAME, "act").text for c in timeline(driver)[1:]]
+    assert acts == [names[k] for k in presses[: len(applied)]]
+    assert js_errors(driver) == []
+
+
+@pytest.fixture(scope="module")
+def every_env_server() -> Iterator[VisenvServer]:
+    """A server with every environment (no token): one worker, so one pre-warm."""
+    server = launch_server(workers=1, envs=",".join(PLAYS), timeout=240)
+    yield server
+    server.stop()
+
+
+def shoot(driver, tmp_path: Path, name: str) -> None:
+    """A screenshot, kept small (a 256-colour palette); copied to VISENV_SCREENSHOT_DIR."""
+    from PIL import Image
+
+    path = tmp_path / f"{name}.png"
+    driver.save_screenshot(str(path))
+    with Image.open(path) as im:
+        im.convert("RGB").quantize(256).save(path, optimize=True)
+    if os.environ.get("VISENV_SCREENSHOT_DIR"):
+        shutil.copy(path, os.environ["VISENV_SCREENSHOT_DIR"])
+
+
+# per env: how the test plays one turn (a key, or "template": fill the template and send)
+PLAYS = {"sokoban": "1", "frozenlake": "1", "navigation": "1", "primitive_skill": "template",
+         "svg": "template", "vicrit": "template"}  # fmt: skip
+
+
+def test_every_environment_plays_through_the_timeline(every_env_server, browser, tmp_path) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    server = every_env_server
+    available = {e["name"] for e in httpx.get(f"{server.url}/v1/envs").json()["envs"]
+                 if e["available"] and e["enabled"]}  # fmt: skip
+    assert available == set(PLAYS), "every environment must run here for this test"
+    for env, play in PLAYS.items():
+        open_page(driver, server, env, 2, '{"max_turns": 3}' if env == "navigation" else "{}")
+        body = driver.find_element(By.TAG_NAME, "body")
+        assert len(timeline(driver)) == 1
+        assert all(w > 0 for w in shown_images(driver)) and shown_images(driver)
+        where = d_text(driver, "where")
+        assert where.startswith("seed 2 · episode 0 · turn 0/"), where
+        placeholder = driver.find_element(By.ID, "response").get_attribute("placeholder")
+        assert placeholder.startswith("<think><observation>") and "</answer>" in placeholder
+        gt_hidden = "hidden" in driver.find_element(By.ID, "gt").get_attribute("class")
+        assert gt_hidden == (env == "vicrit"), f"{env}: the answer-holding pane starts hidden"
+        if play == "template":
+            driver.find_element(By.ID, "template").click()
+            assert driver.find_element(By.ID, "response").get_attribute("value") == placeholder
+            driver.find_element(By.ID, "send").click()
+        else:
+            body.send_keys(play)
+        wait_for(driver, lambda d: shown_step(d) == 1, f"{env}: the first step")
+        assert len(timeline(driver)) == 2
+        if env == "primitive_skill":
+            assert "pick(120, -110, 20), place(120, -110, 20)" in placeholder
+        if env == "svg":  # target and the agent's rendering, side by side, large and small
+            assert len(shown_images(driver)) == 2 and all(shown_images(driver))
+            thumbs = timeline(driver)[1].find_elements(By.CSS_SELECTOR, ".thumbs img")
+            assert [t.get_attribute("alt") for t in thumbs] == ["target", "agent's rendering"]
+        if env == "vicrit":
+            driver.find_element(By.ID, "gt-toggle").click()
+            assert (
+                "caption" in d_text(driver, "gt")
+                and driver.find_element(By.ID, "gt").is_displayed()
+            )
+            driver.find_element(By.ID, "gt-toggle").click()
+            assert not driver.find_element(By.ID, "gt").is_displayed()
+        assert not re.search(r"\d\.\d{4,}", d_text(driver, "gt")), "numbers are rounded"
+        shoot(driver, tmp_path, env)
+        # the first turn, clicked, is shown large again
+        timeline(driver)[0].click()
+        assert "viewing turn 0 of 1" in d_text(driver, "viewing")
+        timeline(driver)[1].click()
+        assert d_text(driver, "viewing") == ""
+
+    # a text observation replaces the previous session's frame (no stale image)
+    open_page(driver, server, "frozenlake", 2, '{"render_mode": "text"}')
+    assert shown_images(driver) == []
+    assert "text only" in d_text(driver, "view")
+    assert js_errors(driver) == []
+
+
+def test_frame_png_after_an_svg_step_is_the_agents_rendering(every_env_server) -> None:
+    import io
+
+    from PIL import Image
+
+    with every_env_server.client() as c:
+        sid = c.post("/v1/sessions", json={"env": "svg", "seed": 2, "format": "no_think"}).json()[
+            "session_id"
+        ]
+        red = '<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"><rect width="10" height="10" fill="#f00"/></svg>'
+        reply = c.post(f"/v1/sessions/{sid}/step",
+                       json={"step_index": 0, "response": f"<answer>{red}</answer>"}).json()  # fmt: skip
+        assert len(reply["observation"]["images"]) == 2
+        frame = Image.open(io.BytesIO(c.get(f"/v1/sessions/{sid}/frame.png").content))
+        assert frame.convert("RGB").getpixel((frame.width // 2, frame.height // 2)) == (255, 0, 0)
+
+
+def test_an_episode_file_replays_in_the_timeline(server, browser, tmp_path) -> None:
+    """Episodes played by the SDK, written by clients.episodes (what `visenv eval --out`
+    and the trainer write), open in the page and step through the same timeline."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from clients import EnvClient
+    from clients.episodes import read_episodes, write_episodes
+
+    env = make("sokoban")
+
+    def oracle(batch):  # the oracle's moves for each episode's current state
+        out = []
+        for p in batch:
+            env.reset(p.seed)
+            for t in p.history:
+                env.step([Action(n.strip()) for n in
+                          t.response.split("<answer>")[1].split("</answer>")[0].split(",")])  # fmt: skip
+            names = ", ".join(a.name for a in env.oracle_actions()[:1])
+            out.append(f"<answer>{names}</answer>" if p.turn != 1 else "<answer>nonsense</answer>")
+        return out
+
+    with EnvClient([server.grpc], token=TOKEN) as client:
+        trajs = client.run_episodes(oracle, "sokoban", seeds=[SEED, SEED + 1], format="no_think",
+                                    max_turns=4, progress=False)  # fmt: skip
+    path = tmp_path / "episodes.jsonl"
+    assert write_episodes(path, trajs) == 2
+    episodes = list(read_episodes(path))
+    assert [e["seed"] for e in episodes] == [SEED, SEED + 1]
+    assert all(e["steps"][0]["observation"]["images"][0]["encoding"] == "png" for e in episodes)
+
+    driver = browser
+    driver.get(server.url + "/play")  # no token: a replay needs no server
+    wait_for(driver, lambda d: "UNAUTHENTICATED" in d_text(d, "status"), "the env list refused")
+    driver.find_element(By.ID, "episode-file").send_keys(str(path))
+    wait_for(driver, lambda d: d_text(d, "where").startswith("replay of episodes.jsonl"),
+             "the replayed episode")  # fmt: skip
+    first = episodes[0]
+    assert len(timeline(driver)) == first["turns"] + 1
+    acts = [c.find_element(By.CLASS_NAME, "act").text for c in timeline(driver)]
+    answers = [s["response"].split("<answer>")[1].split("</answer>")[0] for s in first["steps"]]
+    assert acts == ["start", *answers]
+    assert "invalid" in timeline(driver)[2].text  # turn 2 answered nonsense
+    assert all(shown_images(driver))
+    assert f"return {first['return']:.3f}" in d_text(driver, "where")
+    assert "success" in d_text(driver, "status") and "UNAUTHENTICATED" not in d_text(
+        driver, "status"
+    )
+    timeline(driver)[1].click()
+    assert "viewing turn 1" in d_text(driver, "viewing")
+    assert shown_ground_truth(driver) == first["steps"][1]["observation"]["ground_truth"]
+    assert driver.find_element(By.ID, "send").get_attribute("disabled") is not None
+    shoot(driver, tmp_path, "replay")
+    Select(driver.find_element(By.ID, "replay-pick")).select_by_index(1)
+    assert f"seed {SEED + 1}" in d_text(driver, "where")
+    assert len(timeline(driver)) == episodes[1]["turns"] + 1
+    assert js_errors(driver) == []
+
+
+def test_docs_render_offline(server, browser, tmp_path) -> None:
+    """/docs (Swagger UI) loads every file from this server (fastapi-offline's copies),
+    none from a CDN, and shows the API's operations."""
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    driver.get(server.url + "/docs")
+    wait_for(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".opblock")) > 10,
+             "Swagger UI's operations")  # fmt: skip
+    resources = driver.execute_script(
+        "return performance.getEntriesByType('resource').map(e => e.name)"
+    )
+    assert any(r.endswith("swagger-ui-bundle.js") for r in resources), resources
+    assert all(r.startswith(server.url) for r in resources), resources
+    summaries = " ".join(e.text for e in driver.find_elements(By.CSS_SELECTOR, ".opblock-summary"))
+    assert "/v1/sessions/{session_id}/step" in summaries
+    shoot(driver, tmp_path, "docs")
+    redoc = httpx.get(server.url + "/redoc", headers=server.headers)
+    assert redoc.status_code == 404  # ReDoc would fetch from a CDN: not served
+    assert js_errors(driver) == []
+
+
+def test_a_double_click_on_create_makes_one_session(server, browser) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    def sessions() -> int:
+        return httpx.get(f"{server.url}/health", headers=server.headers).json()["sessions"]
+
+    driver = browser
+    driver.get(server.url + "/play")
+    driver.find_element(By.ID, "token").send_keys(TOKEN, Keys.TAB)
+    wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#env option[value=sokoban]"),
+             "the env list")  # fmt: skip
+    before = sessions()
+    create = driver.find_element(By.ID, "create")
+    ActionChains(driver).double_click(create).perform()
+    wait_for(driver, lambda d: shown_step(d) == 0, "the new session")
+    wait_for(driver, lambda d: create.is_enabled(), "create enabled again")
+    assert sessions() == before + 1

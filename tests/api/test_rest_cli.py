@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import socket
 import subprocess
 import sys
@@ -14,6 +16,7 @@ def visenv(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "visenv_cli", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "COLUMNS": "200", "TERMINAL_WIDTH": "200"},
     )  # fmt: skip
 
 
@@ -43,3 +46,18 @@ def test_serve_refuses_an_unknown_env_and_a_busy_port():
         out = visenv("serve", "--port", port, "--grpc-port", "0", "--workers", "1",
                      "--envs", "sokoban")  # fmt: skip
     assert out.returncode == 1 and "visenv serve:" in out.stderr
+    assert f"127.0.0.1:{port}" in out.stderr and "in use" in out.stderr, out.stderr  # which port
+
+
+def test_help_summaries_are_whole_sentences_and_flags_take_no_type():
+    out = visenv("--help")
+    assert out.returncode == 0
+    commands = dict(re.findall(r"│ (serve|envs|train|eval|levels) +(.+?) *│", out.stdout))
+    assert set(commands) == {"serve", "envs", "train", "eval", "levels"}, out.stdout
+    assert all(summary.endswith(".") for summary in commands.values()), commands
+    for command in ("", "serve", "eval", "levels"):
+        text = visenv(*([command] if command else []), "--help").stdout
+        assert "<bool>" not in text, f"visenv {command} --help labels a flag <bool>"
+    eval_help = visenv("eval", "--help").stdout
+    assert "Sampling temperature" in eval_help
+    assert "gRPC address HOST:GRPC_PORT" in eval_help and "http://HOST:PORT for REST" in eval_help

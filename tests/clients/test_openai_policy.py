@@ -147,6 +147,9 @@ def test_visenv_eval_runs_episodes_and_writes_jsonl(visenv_server, endpoint, tmp
     for r in records:
         assert r["ok"] and r["error"] is None, r["error"]
         assert 1 <= r["turns"] <= 2 and r["steps"][0]["response"] == MOVE
+        # an episode file (clients/episodes.py): every turn's observation with its image
+        assert r["format"] == "visenv.episode/1" and len(r["steps"]) == r["turns"]
+        assert r["steps"][0]["observation"]["images"][0]["encoding"] == "png"
         assert r["reward_parts"]["format"] > 0  # the well-formed answer was graded as such
         assert r["action_valid_rate"] == 1.0
         assert r["observation_score"] is not None
@@ -165,6 +168,8 @@ def test_visenv_eval_records_a_failing_endpoint_as_failed(visenv_server, endpoin
         assert not r["ok"] and r["return"] is None and r["turns"] == 0
         assert r["error"]["code"] == "POLICY_FAILED" and "500" in r["error"]["message"]
     assert "errors POLICY_FAILED" in proc.stdout
+    cause = next(line for line in proc.stdout.splitlines() if line.startswith("POLICY_FAILED:"))
+    assert "500" in cause and "(and 2 more episodes)" in cause  # the cause, not only a count
     assert "mean return" in proc.stdout and "0.000" not in proc.stdout  # no made-up zeros
 
 

@@ -93,6 +93,16 @@ def test_observation_and_representations(envs):
     assert "pick(x, y, z)" in env.system_prompt(ResponseFormat.FREE_THINK)
 
 
+def test_the_camera_frames_the_table(envs):
+    """No black sky over the top of the picture, and the cubes large enough to see
+    (the camera across the table looked over it: a black top 22%, cubes ~14 px)."""
+    image = envs("AlignTwoCube").reset(2).images[0].astype(int)
+    assert (image[:66].max(axis=2) < 20).mean() < 0.02  # the top 22%: not black
+    red = (image[..., 0] > 120) & (image[..., 1] < 60) & (image[..., 2] < 60)
+    green = (image[..., 1] > 120) & (image[..., 0] < 80) & (image[..., 2] < 80)
+    assert red.sum() > 350 and green.sum() > 350, (red.sum(), green.sum())  # ~20 px cubes
+
+
 def test_invalid_primitives_are_reported_not_raised(envs):
     env = envs("AlignTwoCube")
     obs = env.reset(2)

@@ -69,6 +69,10 @@ def test_descriptions_from_unicode_names() -> None:
         data.emoji_description([0x1F3F4, 0xE0067, 0xE0062, 0xE0065, 0xE006E, 0xE0067, 0xE007F])
         == "flag: gbeng"
     )
+    # Unicode 15 emoji (newer than Python 3.11's tables) are named too (unicodedata2)
+    assert data.emoji_description([0x1FA8F]) == "shovel"
+    # so every icon can grade an <observation>/<prediction> (none silently scores 0)
+    assert [icon.id for icon in data.openmoji_icons() if icon.description is None] == []
 
 
 def test_split_is_deterministic_disjoint_and_seeded() -> None:

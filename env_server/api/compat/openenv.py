@@ -258,6 +258,8 @@ def openenv_router(service: Any) -> APIRouter:
 
     @router.get("/health")
     async def health(env: str) -> JSONResponse:
+        """OpenEnv's health check for one environment: {status, env}; 404 for an
+        unknown env."""
         error = unknown(env)
         if error is not None:
             return not_found(error)
@@ -266,6 +268,7 @@ def openenv_router(service: Any) -> APIRouter:
 
     @router.get("/schema")
     async def schema(env: str) -> JSONResponse:
+        """OpenEnv's JSON schemas of the action, observation and state messages."""
         error = unknown(env)
         if error is not None:
             return not_found(error)
@@ -279,6 +282,8 @@ def openenv_router(service: Any) -> APIRouter:
 
     @router.get("/metadata")
     async def metadata(env: str) -> JSONResponse:
+        """OpenEnv's environment metadata: name, description, action space, config
+        schema."""
         error = unknown(env)
         if error is not None:
             return not_found(error)

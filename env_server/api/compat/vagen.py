@@ -123,6 +123,7 @@ def vagen_router(service: Any, table: IdTable) -> APIRouter:
 
     @router.get("/health")
     async def health(env: str) -> JSONResponse:
+        """VAGEN remote env health check: {ok, service, env}; 404 for an unknown env."""
         error = check_env(env)
         status = (await service.health())["status"]
         body = {"ok": error is None and status == "ok", "service": "visenv", "env": env}
@@ -130,6 +131,7 @@ def vagen_router(service: Any, table: IdTable) -> APIRouter:
 
     @router.get("/sessions")
     async def sessions(env: str, request: Request) -> JSONResponse:
+        """The caller's VAGEN sessions of this env, with their idle times and the cap."""
         now = time.monotonic()
         mine = [b for _, b in table.items(request_namespace(request.scope)) if b.env == env]
         health = await service.health()
@@ -155,6 +157,8 @@ def vagen_router(service: Any, table: IdTable) -> APIRouter:
 
     @router.post("/connect", openapi_extra=CONNECT_BODY)
     async def connect(env: str, request: Request) -> Response:
+        """VAGEN's connect: open a session with an env_config (and, given a seed, its
+        first observation, as multipart)."""
         try:
             data = read_data_part(request.headers.get("content-type", ""), await request.body())
             error = check_env(env)
@@ -181,6 +185,8 @@ def vagen_router(service: Any, table: IdTable) -> APIRouter:
 
     @router.post("/call", openapi_extra=CALL_BODY)
     async def call(env: str, request: Request) -> Response:
+        """VAGEN's call: reset, step, system_prompt or close a session (multipart
+        replies carry the images)."""
         try:
             data = read_data_part(request.headers.get("content-type", ""), await request.body())
             method, params = data.get("method"), data.get("params") or {}

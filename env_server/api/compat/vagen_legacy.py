@@ -82,6 +82,7 @@ def legacy_router(service: Any, table: IdTable) -> APIRouter:
 
     @router.get("/health")
     async def health() -> dict[str, Any]:
+        """The legacy adapter's health: status, registered envs, active environments."""
         state = await service.health()
         return {
             "status": "ok" if state["status"] == "ok" else state["status"],
@@ -92,6 +93,7 @@ def legacy_router(service: Any, table: IdTable) -> APIRouter:
 
     @router.post("/environments")
     async def environments(request: Request, body: Any = Body(None)) -> JSONResponse:
+        """Create environments by client-chosen ids (ids2configs); errors per id."""
         try:
             ids2configs = _field(body, "ids2configs", dict)
         except ServiceError as error:
@@ -144,6 +146,7 @@ def legacy_router(service: Any, table: IdTable) -> APIRouter:
 
     @router.post("/batch/reset")
     async def reset(request: Request, body: Any = Body(None)) -> JSONResponse:
+        """Reset environments (ids2seeds): per id, the observation and info."""
         try:
             ids2seeds = _field(body, "ids2seeds", dict)
         except ServiceError as error:
@@ -181,6 +184,8 @@ def legacy_router(service: Any, table: IdTable) -> APIRouter:
 
     @router.post("/batch/step")
     async def step(request: Request, body: Any = Body(None)) -> JSONResponse:
+        """Step environments with raw LLM text (ids2actions): per id, observation,
+        reward, done, info."""
         try:
             ids2actions = _field(body, "ids2actions", dict)
         except ServiceError as error:
@@ -224,6 +229,7 @@ def legacy_router(service: Any, table: IdTable) -> APIRouter:
 
     @router.post("/batch/system_prompt")
     async def system_prompt(request: Request, body: Any = Body(None)) -> JSONResponse:
+        """The system prompt of each environment id."""
         try:
             env_ids = _field(body, "env_ids", list)
         except ServiceError as error:
@@ -234,6 +240,7 @@ def legacy_router(service: Any, table: IdTable) -> APIRouter:
 
     @router.post("/batch/close")
     async def close(request: Request, body: Any = Body(None)) -> JSONResponse:
+        """Close environments by id and free their sessions."""
         try:
             env_ids = _field(body, "env_ids", list)
         except ServiceError as error:

@@ -17,11 +17,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
+
+try:  # the current Unicode tables: Python 3.11's (Unicode 14) miss OpenMoji 15's newest emoji
+    import unicodedata2 as unicodedata
+except ImportError:  # the svg extra installs it; without it those icons have no description
+    import unicodedata
 
 from env_server.core import EnvError
 
@@ -82,7 +86,7 @@ def emoji_description(codepoints: list[int]) -> str | None:
             continue
         try:
             words.append(unicodedata.name(chr(c)).lower())
-        except ValueError:  # a code point newer than this Python's Unicode tables
+        except ValueError:  # a code point newer than unicodedata2's tables
             return None
     return " + ".join(words) if words else None
 
