@@ -106,9 +106,13 @@ async def kill_run(args, upstreams, gateways) -> dict:
     run = Run(upstreams, gateways)
     async with httpx.AsyncClient(timeout=120) as http:
         for start in range(0, args.sessions, 250):
-            items = [{**OPTIONS, "seed": s} for s in range(start, min(start + 250, args.sessions))]
+            items = [
+                {**OPTIONS, "seed": 1000 + s} for s in range(start, min(start + 250, args.sessions))
+            ]
             made = await http.post(f"{run.url(0)}/v1/batch/create", json={"items": items})
             for result in made.json()["results"]:
+                if not result["ok"]:
+                    raise SystemExit(f"creating sessions failed: {result['error']}")
                 run.acked[result["reply"]["session_id"]] = 0
     sids = list(run.acked)
     print(f"{len(sids)} sessions on {Counter(s.split('.')[1] for s in sids)}")
