@@ -65,7 +65,10 @@ class Run:
         for _ in range(600):
             try:
                 r = await http.post(f"{self.url(which)}/v1/sessions/{sid}/step", json=body)
-            except httpx.TransportError:
+            except httpx.ConnectError:  # the gateway is down: nothing was sent
+                r = None
+            except httpx.TransportError:  # cut mid-request: the step may have been applied
+                self.counts["steps cut in flight"] += 1
                 r = None
             if r is not None and r.status_code == 200:
                 if r.json()["turn"] != index + 1:

@@ -224,3 +224,28 @@ def test_an_upstream_unreachable_for_a_moment_answers_unavailable_and_no_step_tw
             assert step(http, sid, 2).json()["turn"] == 3
     finally:
         proxy.close()
+
+
+def test_a_gateway_names_bad_fields_as_a_server_does(cluster):
+    up0, _, gw_a, _ = cluster
+    bad = [
+        ("/v1/batch/create", {"items": [{**OPTIONS, "seed": 1}, {**OPTIONS, "seed": "x"}]}),
+        ("/v1/batch/step", {"items": [{"session_id": "s-1", "step_index": -1, "response": ""}]}),
+        ("/v1/batch/fork", {"items": [{"session_id": "s-1", "n": 0}]}),
+        ("/v1/batch/reset", {"items": [{"session_id": "s-1", "seed": "x"}]}),
+    ]
+    with up0.client() as direct, gw_a.client() as http:
+        for path, body in bad:
+            fields = [
+                [
+                    r["error"]["field"]
+                    for r in c.post(path, json=body).json()["results"]
+                    if not r["ok"]
+                ]
+                for c in (direct, http)
+            ]
+            assert fields[0] == fields[1] and fields[0][0] in ("seed", "step_index", "n"), fields
+        single = [
+            c.post("/v1/sessions", json={**OPTIONS, "seed": "x"}).json() for c in (direct, http)
+        ]
+        assert single[0]["error"]["field"] == single[1]["error"]["field"] == "seed"
