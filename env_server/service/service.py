@@ -811,8 +811,6 @@ class EnvService:
     async def health(self) -> dict[str, Any]:
         return {
             "status": "ok" if any(w.alive for w in self.workers) else "degraded",
-            "node": self.origin.node,
-            "boot": self.origin.boot,
             "sessions": len(self.sessions),
             "max_sessions": self.settings.max_sessions,
             "idle_timeout_s": self.settings.idle_timeout,
@@ -832,6 +830,8 @@ class EnvService:
             ],
             "worker_restarts": self.worker_restarts,
             "uptime_s": round(time.monotonic() - self._started_at, 3),
+            "node": self.origin.node,  # as in its session ids: gateways route by it
+            "boot": self.origin.boot,
         }
 
     # ---- internals ------------------------------------------------------------------
