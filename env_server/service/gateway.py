@@ -90,6 +90,10 @@ class _Server:
         """Whether `origin` names this server's node (in whichever boot)."""
         return origin.node in (self.node, self.pinned)
 
+    def labels(self) -> tuple[str, str]:
+        """Its metrics' labels: node, address."""
+        return self.node or self.pinned or "", self.address
+
     def describe(self) -> str:
         return f"{self.node or self.pinned or '?'} ({self.address})"
 
@@ -197,7 +201,7 @@ class GatewayService:
         for server in list(self._servers.values()):
             server.resolved = server.address in current
             if not server.resolved and not server.up and self._gone(server):
-                self._drop(server)  # vanished from its name and silent: a removed replica
+                await self._drop(server)  # vanished from its name and silent: a removed replica
         await asyncio.gather(*(self._probe(s) for s in list(self._servers.values())))
 
     async def _probe(self, server: _Server) -> None:
@@ -224,15 +228,15 @@ class GatewayService:
             return
         if server.boot is not None and boot != server.boot:
             log.warning("gateway: upstream %s restarted; its sessions are lost", server.describe())
-        if server.node is None and server.pinned is None:  # its gauges were labelled ""
+        if server.labels()[0] != node:  # its gauges were labelled "" until now
             for gauge in (self._up_gauge, self._sessions_gauge):
                 with contextlib.suppress(KeyError):
-                    gauge.remove("", server.address)
+                    gauge.remove(*server.labels())
         server.node, server.boot = node, boot
         server.sessions = int(status.get("sessions", 0))
         for other in list(self._servers.values()):
             if other is not server and other.node == node and not other.up and not other.pinned:
-                self._drop(other)  # the node moved to a new address (a pod re-created)
+                await self._drop(other)  # the node moved to a new address (a pod re-created)
         self._mark_up(server)
 
     def _learn(self, specs: list[EnvSpec]) -> None:
@@ -241,12 +245,12 @@ class GatewayService:
             if s.enabled and (known is None or (s.available and not known.available)):
                 self.env_specs[s.name] = s
 
-    def _drop(self, server: _Server) -> None:
+    async def _drop(self, server: _Server) -> None:
         self._servers.pop(server.address, None)
         for gauge in (self._up_gauge, self._sessions_gauge):
             with contextlib.suppress(KeyError):
-                gauge.remove(server.node or "", server.address)
-        asyncio.get_running_loop().create_task(server.rpc.aclose())
+                gauge.remove(*server.labels())
+        await server.rpc.aclose()
 
     def _mark_up(self, server: _Server) -> None:
         server.down_since = None
@@ -259,9 +263,8 @@ class GatewayService:
         self._gauges(server)
 
     def _gauges(self, server: _Server) -> None:
-        labels = (server.node or server.pinned or "", server.address)
-        self._up_gauge.labels(*labels).set(1 if server.up else 0)
-        self._sessions_gauge.labels(*labels).set(server.sessions)
+        self._up_gauge.labels(*server.labels()).set(1 if server.up else 0)
+        self._sessions_gauge.labels(*server.labels()).set(server.sessions)
 
     def _gone(self, server: _Server) -> bool:
         """Unreachable for longer than `lost_after`: its sessions are taken for lost."""

@@ -166,7 +166,11 @@ class CuttableProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(self.target)
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:  # nothing there (yet): as if the upstream refused
+                client.close()
+                continue
             self.conns += [client, upstream]
             threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
@@ -249,3 +253,31 @@ def test_a_gateway_names_bad_fields_as_a_server_does(cluster):
             c.post("/v1/sessions", json={**OPTIONS, "seed": "x"}).json() for c in (direct, http)
         ]
         assert single[0]["error"]["field"] == single[1]["error"]["field"] == "seed"
+
+
+def test_sessions_of_a_restarted_upstream_are_lost_and_new_ones_go_on(start_visenv_server):
+    """The upstream's process replaced under the same name (a pod re-created): the old
+    process's sessions answer SESSION_LOST, not NOT_FOUND, through a gateway that saw
+    nothing happen."""
+    node = {"workers": 1, "envs": "tiny", "extra_env": {"VISENV_NODE_ID": "light-0"}}
+    first = start_visenv_server(**node)
+    proxy = CuttableProxy(first.grpc)  # the upstream's stable name
+    try:
+        gateway = start_visenv_server(envs=None, upstreams=[f"light-0={proxy.address}"])
+        with gateway.client() as http:
+            old = http.post("/v1/sessions", json={**OPTIONS, "seed": 4}).json()["session_id"]
+            first.kill()
+            second = start_visenv_server(**node)
+            host, port = second.grpc.rsplit(":", 1)
+            proxy.target = (host, int(port))
+            proxy.cut()
+            deadline = time.monotonic() + 20
+            while (r := step(http, old, 0)).status_code == 503:
+                assert time.monotonic() < deadline, r.text
+                time.sleep(0.1)
+            assert r.status_code == 410 and r.json()["error"]["code"] == "SESSION_LOST", r.text
+            new = http.post("/v1/sessions", json={**OPTIONS, "seed": 4}).json()["session_id"]
+            assert new.split(".")[1] == "light-0" and new.split(".")[2] != old.split(".")[2]
+            assert step(http, new, 0).json()["turn"] == 1
+    finally:
+        proxy.close()
