@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import statistics
 import sys
 import time
@@ -120,7 +121,7 @@ async def kill_run(args, upstreams, gateways) -> dict:
     sids = list(run.acked)
     print(f"{len(sids)} sessions on {Counter(s.split('.')[1] for s in sids)}")
     t0 = time.monotonic()
-    chunks = [sids[i :: args.concurrency] for i in range(args.concurrency)]
+    chunks = [sids[i :: args.concurrency] for i in range(min(args.concurrency, len(sids)))]
     await asyncio.gather(run.killer(args.kills, args.interval), *(run.client(c) for c in chunks))
     seconds = time.monotonic() - t0
     # each session's own upstream tells how many turns it applied
@@ -200,6 +201,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--latency-steps", type=int, default=400)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the servers (finally) on a kill
     upstreams = launch_servers(
         *[
             {"workers": 1, "envs": "tiny", "extra_env": {"VISENV_NODE_ID": f"light-{i}"}}
