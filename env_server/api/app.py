@@ -67,7 +67,9 @@ def _load_grpc() -> tuple[Callable[..., Any] | None, str | None]:
 async def serve(settings: Settings, announce: Callable[[str], None] = print) -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # errors carry their ids there
     if settings.upstreams:  # gateway mode: the sessions live on the upstream servers
-        service: EnvService | GatewayService = GatewayService(settings.upstreams, settings.token)
+        service: EnvService | GatewayService = GatewayService(
+            settings.upstreams, settings.token, lost_after=settings.upstream_lost_after
+        )
         where = f"upstreams {', '.join(settings.upstreams)}"
     else:
         service = EnvService(settings)

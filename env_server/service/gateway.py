@@ -7,13 +7,21 @@ adapters serve it exactly as they serve `EnvService`; only where sessions live d
 - Upstreams are named `host:grpc_port`. A name may resolve to many addresses (a compose
   service scaled with `--scale`, a Kubernetes headless Service): every address is one
   upstream server, and names are resolved again every `refresh` seconds, so replicas
-  added later take new sessions.
-- A new session goes to the least-loaded upstream that offers its environment, and
-  stays there: the gateway remembers which upstream holds each session id.
+  added later take new sessions. `NODE=host:grpc_port` names one upstream whose node id
+  is known beforehand (a StatefulSet pod), so its sessions are placed even before it
+  first answers.
+- The gateway keeps no session state: a session id names the upstream that made it
+  (its node and boot, `session_ids.py`), and each upstream tells the gateway its own
+  node and boot (its Status). So any replica of the gateway, or one just restarted,
+  routes every session; an id naming a node the gateway does not know is NOT_FOUND,
+  and no connection is made for it (ids name servers, never addresses).
+- A new session goes to the least-loaded upstream that offers its environment.
 - Steps are passed through with the client's own `step_index`, so a retried step is
-  still answered from the upstream's memory, never applied twice.
-- An upstream that cannot be reached makes its sessions answer `SESSION_LOST` (they
-  are gone with it); the other upstreams' sessions go on.
+  answered from the upstream's memory, never applied twice.
+- An upstream that does not answer makes its sessions answer UNAVAILABLE (retry, with
+  the same step_index); one still unreachable after `lost_after` seconds, or answering
+  as a new process (another boot: it restarted), has lost them: SESSION_LOST. The
+  other upstreams' sessions go on.
 """
 
 from __future__ import annotations
@@ -21,11 +29,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import socket
-from collections import Counter
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import Gauge
 from pydantic import BaseModel, ValidationError
 
 from visenv import wire
@@ -40,19 +51,51 @@ from .models import (
     SessionReply,
     StepItem,
 )
+from .session_ids import NODE_PATTERN, Origin, origin_of
 from .upstream import Upstream, UpstreamDown
 
 Result = SessionReply | ServiceError
 log = logging.getLogger("visenv.gateway")
 
 
-def _validate(model: type[BaseModel], item: Any, index: int) -> BaseModel | ServiceError:
+def _validate(model: type[BaseModel], item: Any) -> BaseModel | ServiceError:
+    """An item as the model, or its error naming the field as `EnvService` does."""
     if isinstance(item, model):
         return item
     try:
         return model.model_validate(item)
     except ValidationError as exc:
-        return ServiceError.from_validation(exc, prefix=f"items.{index}")
+        return ServiceError.from_validation(exc)
+
+
+@dataclass(eq=False)
+class _Server:
+    """One upstream server as the gateway last saw it."""
+
+    address: str
+    rpc: Upstream
+    pinned: str | None = None  # the node id its configuration gives (NODE=address)
+    node: str | None = None  # what it answered (its Status)
+    boot: str | None = None
+    envs: set[str] = field(default_factory=set)
+    sessions: int = 0  # as it last reported, plus those placed there since
+    down_since: float | None = None  # monotonic time of the first failure in a row
+    resolved: bool = True  # its address is among its name's current addresses
+
+    @property
+    def up(self) -> bool:
+        return self.down_since is None and self.boot is not None
+
+    def names(self, origin: Origin) -> bool:
+        """Whether `origin` names this server's node (in whichever boot)."""
+        return origin.node in (self.node, self.pinned)
+
+    def labels(self) -> tuple[str, str]:
+        """Its metrics' labels: node, address."""
+        return self.node or self.pinned or "", self.address
+
+    def describe(self) -> str:
+        return f"{self.node or self.pinned or '?'} ({self.address})"
 
 
 class GatewayService:
@@ -63,7 +106,8 @@ class GatewayService:
         upstreams: Sequence[str],
         token: str | None = None,
         timeout: float = 60.0,
-        refresh: float = 10.0,
+        refresh: float = 5.0,
+        lost_after: float = 30.0,
     ) -> None:
         if not upstreams:
             raise ValueError("a gateway needs at least one upstream (host:grpc_port)")
@@ -71,14 +115,30 @@ class GatewayService:
         self.token = token
         self.timeout = timeout
         self.refresh = refresh
+        self.lost_after = lost_after
         self.metrics = Metrics()
         self.env_specs: dict[str, EnvSpec] = {}
-        self._servers: dict[str, Upstream] = {}  # address -> its gRPC service
-        self._offers: dict[str, set[str]] = {}  # address -> envs it can run
-        self._load: Counter[str] = Counter()  # address -> sessions placed there
-        self._session_server: dict[str, str] = {}  # session id -> address
-        self._lost: dict[str, None] = {}  # ids of sessions lost with their upstream (bounded)
+        self._servers: dict[str, _Server] = {}  # address -> server
         self._task: asyncio.Task | None = None
+        self._up_gauge = Gauge(
+            "visenv_gateway_upstream_up",
+            "1 while the upstream answers, 0 while it does not.",
+            ["node", "address"],
+            registry=self.metrics.registry,
+        )
+        self._sessions_gauge = Gauge(
+            "visenv_gateway_upstream_sessions",
+            "Sessions the upstream holds (as last reported, plus those placed since).",
+            ["node", "address"],
+            registry=self.metrics.registry,
+        )
+        for name in self.upstream_names:
+            node, _, address = name.rpartition("=")
+            _split_address(address)  # a malformed name fails now, not at the first refresh
+            if node:
+                if not re.match(NODE_PATTERN, node):
+                    raise ValueError(f"upstream {name!r}: {node!r} is not a node id (a DNS label)")
+                self._server(address).pinned = node
 
     # ---- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
@@ -90,7 +150,9 @@ class GatewayService:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await asyncio.gather(*(t.aclose() for t in self._servers.values()), return_exceptions=True)
+        await asyncio.gather(
+            *(s.rpc.aclose() for s in self._servers.values()), return_exceptions=True
+        )
 
     async def __aenter__(self) -> GatewayService:
         await self.start()
@@ -107,11 +169,17 @@ class GatewayService:
             except Exception:  # keep refreshing whatever one round ran into
                 log.exception("gateway: discovering upstreams failed; retrying")
 
+    # ---- discovery ---------------------------------------------------------------
+    def _server(self, address: str) -> _Server:
+        server = self._servers.get(address)
+        if server is None:
+            server = _Server(address, Upstream(address, self.token, self.timeout))
+            self._servers[address] = server
+        return server
+
     @staticmethod
     async def _resolve(name: str) -> list[str]:
-        host, _, port = name.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"upstream {name!r}: write it as host:grpc_port")
+        host, port = _split_address(name)
         try:
             infos = await asyncio.get_running_loop().getaddrinfo(
                 host, int(port), type=socket.SOCK_STREAM
@@ -122,30 +190,92 @@ class GatewayService:
         return [f"[{h}]:{port}" if ":" in h else f"{h}:{port}" for h in hosts]
 
     async def _discover(self) -> None:
-        """Resolve every upstream name; ask new addresses which envs they offer."""
+        """Resolve every upstream name, then ask every server who it is and what it offers."""
+        current: set[str] = set()
         for name in self.upstream_names:
-            for address in await self._resolve(name):
-                if address in self._offers:
-                    continue
-                upstream = self._servers.get(address) or Upstream(address, self.token, self.timeout)
-                self._servers[address] = upstream
-                try:
-                    specs = await upstream.list_envs()
-                except (ServiceError, UpstreamDown):
-                    continue  # not up yet: asked again at the next refresh
-                self._offers[address] = {s.name for s in specs if s.available and s.enabled}
-                for s in specs:
-                    if not s.enabled:
-                        continue
-                    known = self.env_specs.get(s.name)
-                    if known is None or (s.available and not known.available):
-                        self.env_specs[s.name] = s
+            node, _, address = name.rpartition("=")
+            # a pinned upstream keeps its name: its gRPC channel follows the name's address
+            current.update([address] if node else await self._resolve(address))
+        for address in current:
+            self._server(address)
+        for server in list(self._servers.values()):
+            server.resolved = server.address in current
+            if not server.resolved and not server.up and self._gone(server):
+                await self._drop(server)  # vanished from its name and silent: a removed replica
+        await asyncio.gather(*(self._probe(s) for s in list(self._servers.values())))
+
+    async def _probe(self, server: _Server) -> None:
+        """Ask `server` its node, boot and load (and, if new, its environments)."""
+        try:
+            status = await server.rpc.status()
+            node, boot = str(status.get("node", "")), str(status.get("boot", ""))
+            if not node or not boot:
+                raise ServiceError("INTERNAL", "its Status names no node and boot (an old server?)")
+            if server.pinned and node != server.pinned:
+                raise ServiceError(
+                    "INTERNAL", f"it says it is node {node!r}, not {server.pinned!r}"
+                )
+            if boot != server.boot:
+                specs = await server.rpc.list_envs()
+                server.envs = {s.name for s in specs if s.available and s.enabled}
+                self._learn(specs)
+        except UpstreamDown:
+            self._mark_down(server)
+            return
+        except ServiceError as exc:
+            log.error("gateway: upstream %s is not usable: %s", server.address, exc.message)
+            self._mark_down(server)
+            return
+        if server.boot is not None and boot != server.boot:
+            log.warning("gateway: upstream %s restarted; its sessions are lost", server.describe())
+        if server.labels()[0] != node:  # its gauges were labelled "" until now
+            for gauge in (self._up_gauge, self._sessions_gauge):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*server.labels())
+        server.node, server.boot = node, boot
+        server.sessions = int(status.get("sessions", 0))
+        for other in list(self._servers.values()):
+            if other is not server and other.node == node and not other.up and not other.pinned:
+                await self._drop(other)  # the node moved to a new address (a pod re-created)
+        self._mark_up(server)
+
+    def _learn(self, specs: list[EnvSpec]) -> None:
+        for s in specs:
+            known = self.env_specs.get(s.name)
+            if s.enabled and (known is None or (s.available and not known.available)):
+                self.env_specs[s.name] = s
+
+    async def _drop(self, server: _Server) -> None:
+        self._servers.pop(server.address, None)
+        for gauge in (self._up_gauge, self._sessions_gauge):
+            with contextlib.suppress(KeyError):
+                gauge.remove(*server.labels())
+        await server.rpc.aclose()
+
+    def _mark_up(self, server: _Server) -> None:
+        server.down_since = None
+        self._gauges(server)
+
+    def _mark_down(self, server: _Server) -> None:
+        if server.down_since is None:
+            server.down_since = time.monotonic()
+            log.warning("gateway: upstream %s does not answer", server.describe())
+        self._gauges(server)
+
+    def _gauges(self, server: _Server) -> None:
+        self._up_gauge.labels(*server.labels()).set(1 if server.up else 0)
+        self._sessions_gauge.labels(*server.labels()).set(server.sessions)
+
+    def _gone(self, server: _Server) -> bool:
+        """Unreachable for longer than `lost_after`: its sessions are taken for lost."""
+        down = server.down_since
+        return down is not None and time.monotonic() - down > self.lost_after
 
     # ---- routing -----------------------------------------------------------------
-    def _place(self, env: str) -> str | ServiceError:
-        candidates = [a for a, envs in self._offers.items() if env in envs]
+    def _place(self, env: str) -> _Server | ServiceError:
+        candidates = [s for s in self._servers.values() if s.up and env in s.envs]
         if not candidates:
-            if env in self.env_specs or not self._offers:
+            if env in self.env_specs or not any(s.up for s in self._servers.values()):
                 return ServiceError(
                     "UNAVAILABLE",
                     f"no upstream server can run environment {env!r} now "
@@ -156,103 +286,106 @@ class GatewayService:
                 f"unknown environment {env!r}; known: {', '.join(sorted(self.env_specs))}",
                 "env",
             )
-        return min(candidates, key=lambda a: (self._load[a], a))
+        return min(candidates, key=lambda s: (s.sessions, s.address))
 
-    def _server_of(self, session_id: str) -> str | ServiceError:
-        address = self._session_server.get(session_id)
-        if address is not None:
-            return address
-        if session_id in self._lost:
-            return ServiceError(
-                "SESSION_LOST", f"session {session_id!r} was lost with its upstream server"
-            )
-        return ServiceError("NOT_FOUND", f"unknown session {session_id!r}", "session_id")
-
-    def _upstream_down(self, address: str) -> None:
-        """`address` stopped answering: its sessions are lost; it takes no new ones until
-        the refresh loop finds it answering again."""
-        self._offers.pop(address, None)
-        for sid in [s for s, a in self._session_server.items() if a == address]:
-            self._forget(sid)
-            self._lost[sid] = None
-        while len(self._lost) > 100_000:
-            del self._lost[next(iter(self._lost))]
-
-    def _forget(self, session_id: str) -> None:
-        address = self._session_server.pop(session_id, None)
-        if address is not None:
-            self._load[address] -= 1
+    def _route(self, session_id: str) -> _Server | ServiceError:
+        """The server that holds `session_id`, from the id alone."""
+        origin = origin_of(session_id)
+        named = [] if origin is None else [s for s in self._servers.values() if s.names(origin)]
+        if origin is None or not named:
+            return ServiceError("NOT_FOUND", f"unknown session {session_id!r}", "session_id")
+        for server in named:
+            if server.boot == origin.boot:
+                return _lost(session_id, server) if self._gone(server) else server
+        pending = [s for s in named if s.boot is None]  # pinned, and not reached yet
+        return _unreachable(pending[0]) if pending else _lost(session_id, named[0])
 
     async def _fan_out(
-        self, routed: list[tuple[str | ServiceError, Any]], call: str
-    ) -> list[Result | None]:
+        self, routed: list[tuple[_Server | ServiceError, Any]], call: str
+    ) -> list[Any]:
         """Send each server its items in one batch; answers in the order of `routed`."""
-        results: list[Result | None] = [None] * len(routed)
-        groups: dict[str, list[int]] = {}
+        results: list[Any] = [None] * len(routed)
+        groups: dict[_Server, list[int]] = {}
         for i, (where, _) in enumerate(routed):
             if isinstance(where, ServiceError):
                 results[i] = where
             else:
                 groups.setdefault(where, []).append(i)
 
-        async def one(address: str, indices: list[int]) -> None:
+        async def one(server: _Server, indices: list[int]) -> None:
             payload = [routed[i][1] for i in indices]
             try:
-                answers = await getattr(self._servers[address], call)(payload)
-            except UpstreamDown as exc:
-                self._upstream_down(address)
-                code = "UNAVAILABLE" if call == "create" else "SESSION_LOST"
-                answers = [ServiceError(code, f"upstream {address} is unreachable: {exc}")] * len(
-                    indices
-                )
+                answers = await getattr(server.rpc, call)(payload)
+            except UpstreamDown:
+                self._mark_down(server)
+                error = _unreachable(server)
+                if call != "create" and self._gone(server):
+                    error = ServiceError(
+                        "SESSION_LOST", f"upstream {server.describe()} is gone, with its sessions"
+                    )
+                answers = [error] * len(indices)
             except ServiceError as exc:
                 answers = [exc] * len(indices)
+            else:
+                if server.down_since is not None:
+                    self._mark_up(server)
+                if call != "create" and any(_unknown_session(a) for a in answers):
+                    answers = await self._restarted(server, payload, answers)
             for i, answer in zip(indices, answers, strict=True):
                 results[i] = answer
 
-        await asyncio.gather(*(one(a, idx) for a, idx in groups.items()))
+        await asyncio.gather(*(one(s, idx) for s, idx in groups.items()))
         return results
+
+    async def _restarted(self, server: _Server, payload: list, answers: list) -> list:
+        """The upstream does not know some sessions: if it restarted (asked now), they were
+        lost with its old process, not closed."""
+        await self._probe(server)
+        out = []
+        for item, answer in zip(payload, answers, strict=True):
+            sid = item if isinstance(item, str) else _session_of(item)
+            origin = origin_of(sid)
+            if _unknown_session(answer) and origin is not None and origin.boot != server.boot:
+                answer = _lost(sid, server)
+            out.append(answer)
+        return out
 
     # ---- the EnvService API ------------------------------------------------------
     async def list_envs(self) -> list[EnvSpec]:
         return [self.env_specs[n] for n in sorted(self.env_specs)]
 
     async def create(self, items: Sequence[SessionOptions | dict]) -> list[Result]:
-        routed: list[tuple[str | ServiceError, Any]] = []
-        for i, item in enumerate(items):
-            options = _validate(SessionOptions, item, i)
+        routed: list[tuple[_Server | ServiceError, Any]] = []
+        for item in items:
+            options = _validate(SessionOptions, item)
             if isinstance(options, ServiceError):
                 routed.append((options, None))
                 continue
             where = self._place(options.env)
             if not isinstance(where, ServiceError):
-                self._load[where] += 1  # counted now so one batch spreads out
+                where.sessions += 1  # counted now so one batch spreads out
             routed.append((where, wire.SessionOptions(**options.model_dump(mode="json"))))
         results = await self._fan_out(routed, "create")
         for (where, _), result in zip(routed, results, strict=True):
-            if isinstance(where, ServiceError):
-                continue
-            if isinstance(result, SessionReply):
-                self._session_server[result.session_id] = where
-            else:
-                self._load[where] -= 1
-        return results  # type: ignore[return-value]
+            if isinstance(where, _Server) and not isinstance(result, SessionReply):
+                where.sessions -= 1
+        return results
 
     async def reset(self, items: Sequence[ResetItem | dict]) -> list[Result]:
-        routed = []
-        for i, item in enumerate(items):
-            req = _validate(ResetItem, item, i)
+        routed: list[tuple[_Server | ServiceError, Any]] = []
+        for item in items:
+            req = _validate(ResetItem, item)
             if isinstance(req, ServiceError):
                 routed.append((req, None))
             else:
                 item = (req.session_id, req.seed, req.image_encoding)
-                routed.append((self._server_of(req.session_id), item))
-        return await self._checked(await self._fan_out(routed, "reset"), routed)
+                routed.append((self._route(req.session_id), item))
+        return await self._fan_out(routed, "reset")
 
     async def step(self, items: Sequence[StepItem | dict]) -> list[Result]:
-        routed = []
-        for i, item in enumerate(items):
-            req = _validate(StepItem, item, i)
+        routed: list[tuple[_Server | ServiceError, Any]] = []
+        for item in items:
+            req = _validate(StepItem, item)
             if isinstance(req, ServiceError):
                 routed.append((req, None))
                 continue
@@ -264,69 +397,84 @@ class GatewayService:
             step = wire.StepItem(
                 req.session_id, req.step_index, req.response, actions, req.image_encoding
             )
-            routed.append((self._server_of(req.session_id), step))
-        return await self._checked(await self._fan_out(routed, "step"), routed)
+            routed.append((self._route(req.session_id), step))
+        return await self._fan_out(routed, "step")
 
     async def get(self, session_ids: Sequence[str]) -> list[Result]:
-        routed = [(self._server_of(sid), sid) for sid in session_ids]
-        return await self._checked(await self._fan_out(routed, "get"), routed)
+        return await self._fan_out([(self._route(sid), sid) for sid in session_ids], "get")
 
     async def close(self, session_ids: Sequence[str]) -> list[ServiceError | None]:
-        routed = [(self._server_of(sid), sid) for sid in session_ids]
-        results = await self._fan_out(routed, "close")
-        for sid, result in zip(session_ids, results, strict=True):
-            if result is None or (isinstance(result, ServiceError) and result.code != "NOT_FOUND"):
-                self._forget(sid)
-        return results  # type: ignore[return-value]
+        return await self._fan_out([(self._route(sid), sid) for sid in session_ids], "close")
 
     async def fork(
         self, items: Sequence[ForkItem | dict]
     ) -> list[list[SessionReply] | ServiceError]:
-        """Forks are made by the source's upstream (on its worker) and stay there."""
-        routed: list[tuple[str | ServiceError, Any]] = []
-        for i, item in enumerate(items):
-            req = _validate(ForkItem, item, i)
+        """Forks are made by the source's upstream (on its worker); their ids name it."""
+        routed: list[tuple[_Server | ServiceError, Any]] = []
+        for item in items:
+            req = _validate(ForkItem, item)
             if isinstance(req, ServiceError):
                 routed.append((req, None))
             else:
-                routed.append((self._server_of(req.session_id), (req.session_id, req.n)))
-        results = await self._checked(await self._fan_out(routed, "fork"), routed)
-        for (where, _), result in zip(routed, results, strict=True):
-            if isinstance(result, list):
-                for reply in result:
-                    self._session_server[reply.session_id] = where
-                    self._load[where] += 1
-        return results  # type: ignore[return-value]
-
-    async def _checked(self, results: list[Result | None], routed: list) -> list[Result]:
-        """Forget sessions their upstream no longer has (reaped, or lost with a worker)."""
-        for (_, item), result in zip(routed, results, strict=True):
-            if isinstance(result, ServiceError) and result.code in ("SESSION_LOST", "NOT_FOUND"):
-                sid = item if isinstance(item, str) else getattr(item, "session_id", None)
-                if sid is None and isinstance(item, tuple):
-                    sid = item[0]
-                if sid in self._session_server:
-                    self._forget(sid)
-                    if result.code == "SESSION_LOST":
-                        self._lost[sid] = None
-        return results  # type: ignore[return-value]
+                routed.append((self._route(req.session_id), (req.session_id, req.n)))
+        return await self._fan_out(routed, "fork")
 
     async def frame(self, session_id: str) -> bytes:
         """The upstream's frame of the session (its Frame RPC: the latest image shown)."""
-        # not `_checked`: NOT_FOUND here may mean "no image yet" of a live session
-        result = (await self._fan_out([(self._server_of(session_id), session_id)], "frame"))[0]
+        result = (await self._fan_out([(self._route(session_id), session_id)], "frame"))[0]
         if isinstance(result, ServiceError):
             raise result
         return result
 
     async def health(self) -> dict[str, Any]:
+        servers = sorted(self._servers.values(), key=lambda s: s.address)
+        now = time.monotonic()
         return {
-            "status": "ok",
+            "status": "ok" if any(s.up for s in servers) else "degraded",
             "role": "gateway",
-            "sessions": len(self._session_server),
-            "envs": sorted(set().union(*self._offers.values())),
+            "sessions": sum(s.sessions for s in servers if s.up),
+            "envs": sorted(set().union(*(s.envs for s in servers if s.up))),
             "upstreams": [
-                {"address": a, "envs": sorted(self._offers.get(a, ())), "sessions": self._load[a]}
-                for a in sorted(self._servers)
+                {
+                    "address": s.address,
+                    "node": s.node or s.pinned,
+                    "boot": s.boot,
+                    "up": s.up,
+                    "down_s": None if s.down_since is None else round(now - s.down_since, 3),
+                    "envs": sorted(s.envs),
+                    "sessions": s.sessions,
+                }
+                for s in servers
             ],
         }
+
+
+def _split_address(name: str) -> tuple[str, str]:
+    host, _, port = name.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"upstream {name!r}: write it as host:grpc_port (or NODE=host:grpc_port)")
+    return host, port
+
+
+def _unreachable(server: _Server) -> ServiceError:
+    return ServiceError(
+        "UNAVAILABLE",
+        f"upstream {server.describe()} does not answer now; retry (a step with the same "
+        "step_index is never applied twice)",
+    )
+
+
+def _lost(session_id: str, server: _Server) -> ServiceError:
+    return ServiceError(
+        "SESSION_LOST",
+        f"session {session_id!r} was lost with its upstream server's process "
+        f"({server.describe()} restarted or is gone)",
+    )
+
+
+def _unknown_session(answer: Any) -> bool:
+    return isinstance(answer, ServiceError) and answer.code == "NOT_FOUND"
+
+
+def _session_of(item: Any) -> str:
+    return item.session_id if hasattr(item, "session_id") else item[0]

@@ -29,7 +29,7 @@ here, in `assemble_reward`, from what the worker measured (the environment's rew
 the rule-based reasoning score), the LLM judge's scores when the session has one, and
 the reasoning guard's penalty (both of which live in this process). A worker that dies takes only its own sessions (they answer
 SESSION_LOST, also for calls in flight) and is replaced. Sessions have server-made
-ids (`s-` + 16 hex), an idle timeout (a reaper task), a cap (CAPACITY), and a
+ids (naming this server: session_ids.py), an idle timeout (a reaper task), a cap (CAPACITY), and a
 `step_index` retry cache: a step repeated with the previous index is answered from
 memory, never applied twice; concurrent calls on one session are serialised.
 """
@@ -46,7 +46,6 @@ import logging
 import multiprocessing
 import os
 import pickle
-import secrets
 import socket
 import struct
 import time
@@ -83,6 +82,7 @@ from .models import (
     SessionReply,
     StepItem,
 )
+from .session_ids import Origin
 from .settings import Settings
 from .worker import worker_main
 
@@ -435,6 +435,7 @@ class EnvService:
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or Settings()
         self.metrics = Metrics()
+        self.origin = Origin.here(self.settings.node_id)  # named in every session id
         self.sessions: dict[str, Session] = {}
         self.workers: list[WorkerHandle] = []
         self.env_specs: dict[str, EnvSpec] = {}
@@ -566,7 +567,7 @@ class EnvService:
                 results[pos] = error
                 continue
             session = Session(
-                id=f"s-{secrets.token_hex(8)}",
+                id=self.origin.new_id(),
                 env=options.env,
                 worker=worker,
                 options=options,
@@ -737,7 +738,7 @@ class EnvService:
             forks = []
             for _ in range(item.n):
                 fork = Session(
-                    id=f"s-{secrets.token_hex(8)}",
+                    id=self.origin.new_id(),
                     env=source.env,
                     worker=source.worker,
                     options=source.options,
@@ -829,6 +830,8 @@ class EnvService:
             ],
             "worker_restarts": self.worker_restarts,
             "uptime_s": round(time.monotonic() - self._started_at, 3),
+            "node": self.origin.node,  # as in its session ids: gateways route by it
+            "boot": self.origin.boot,
         }
 
     # ---- internals ------------------------------------------------------------------

@@ -11,6 +11,8 @@ import os
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .session_ids import NODE_PATTERN
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VISENV_", extra="ignore")
@@ -43,7 +45,20 @@ class Settings(BaseSettings):
     upstreams: list[str] | None = Field(
         None,
         description="Gateway mode: serve no environments here but route sessions to these "
-        "visenv servers (host:grpc_port, comma-separated; a name may resolve to many replicas).",
+        "visenv servers (host:grpc_port, comma-separated; a name may resolve to many replicas; "
+        "NODE=host:grpc_port pins that upstream's node id, as on Kubernetes).",
+    )
+    node_id: str | None = Field(
+        None,
+        pattern=NODE_PATTERN,
+        description="This server's stable name, part of every session id it makes, by which a "
+        "gateway routes to it (a DNS label; default: the host name, on Kubernetes the pod's).",
+    )
+    upstream_lost_after: float = Field(
+        30.0,
+        gt=0,
+        description="Gateway mode: seconds an upstream may stay unreachable (its sessions "
+        "answer UNAVAILABLE, retry) before its sessions are taken for lost (SESSION_LOST).",
     )
     deadline: float = Field(
         60.0,

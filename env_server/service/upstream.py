@@ -12,6 +12,7 @@ UNAVAILABLE: the upstream did not answer in time.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import grpc
@@ -63,6 +64,10 @@ class Upstream:
             else:
                 message = f"upstream {self.address}: {exc.details()}"
             raise service_error(wire.Error(wire.code_of_grpc(status), message)) from exc
+
+    async def status(self) -> dict[str, Any]:
+        """The upstream's /health JSON (its node, boot, sessions, ...)."""
+        return json.loads((await self._call("Status", pb.StatusRequest())).status_json)
 
     async def list_envs(self) -> list[EnvSpec]:
         resp = await self._call("ListEnvs", pb.ListEnvsRequest())

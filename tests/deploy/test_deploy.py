@@ -61,6 +61,11 @@ def test_kubernetes_manifests_are_valid():
         assert ("StatefulSet", f"visenv-{family}") in kinds
         assert ("Service", f"visenv-{family}") in kinds
     assert ("Deployment", "visenv-envs") in kinds and ("Service", "visenv-envs") in kinds
+    # the gateway keeps no session state: two replicas, one kept up through drains
+    (gateway,) = [
+        d for d in docs if (d["kind"], d["metadata"]["name"]) == ("Deployment", "visenv-envs")
+    ]
+    assert gateway["spec"]["replicas"] >= 2 and ("PodDisruptionBudget", "visenv-envs") in kinds
     for doc in docs:
         if doc["kind"] in ("StatefulSet", "Deployment"):
             (container,) = doc["spec"]["template"]["spec"]["containers"]
@@ -72,7 +77,7 @@ def test_kubernetes_manifests_are_valid():
 def test_compose_shape():
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
     services = compose["services"]
-    assert set(services) == set(FAMILIES) | {"envs"}
+    assert set(services) == set(FAMILIES) | {"envs", "gateway"}
     for family in FAMILIES:
         service = services[family]
         assert "ports" not in service, "families must scale (--scale): no fixed host ports"
@@ -81,6 +86,7 @@ def test_compose_shape():
     envs = services["envs"]
     assert {p.split(":")[-1] for p in envs["ports"]} == {"8000", "50051"}
     assert all(dep["condition"] == "service_healthy" for dep in envs["depends_on"].values())
+    assert services["gateway"]["deploy"]["replicas"] >= 2 and "ports" not in services["gateway"]
     gpu = yaml.safe_load((DOCKER / "compose.gpu.yaml").read_text())["services"]
     for family in ("navigation", "primitive_skill"):
         (device,) = gpu[family]["deploy"]["resources"]["reservations"]["devices"]
@@ -139,9 +145,10 @@ def test_image_command_serves_and_passes_its_healthcheck(dockerfile):
 
 
 def test_compose_envs_command_fronts_the_families():
-    """The `envs` service's command, with the light family behind it, on loopback."""
+    """The gateway's command (the replicas behind `envs`), with the light family behind it,
+    on loopback."""
     services = yaml.safe_load((DOCKER / "compose.yaml").read_text())["services"]
-    command = services["envs"]["command"]
+    command = services["gateway"]["command"]
     assert command[0] == "serve" and all(a.startswith("--upstream=") for a in command[1:])
     light = launch_server(workers=1, envs=services["light"]["environment"]["VISENV_ENVS"])
     try:

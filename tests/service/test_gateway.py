@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -15,10 +16,15 @@ RESPONSE = "<answer>{}</answer>"
 
 @pytest.fixture
 def family_servers(start_visenv_server):
-    sokoban = start_visenv_server(workers=1, envs="sokoban", token="t")
-    frozenlake = start_visenv_server(workers=1, envs="frozenlake", token="t")
+    sokoban = start_visenv_server(
+        workers=1, envs="sokoban", token="t", extra_env={"VISENV_NODE_ID": "sokoban-0"}
+    )
+    frozenlake = start_visenv_server(workers=1, envs="frozenlake", token="t")  # default node
     gateway = start_visenv_server(
-        envs=None, token="t", upstreams=[sokoban.grpc, frozenlake.grpc]
+        envs=None,
+        token="t",
+        upstreams=[sokoban.grpc, frozenlake.grpc],
+        extra_env={"VISENV_UPSTREAM_LOST_AFTER": "1"},
     )
     return sokoban, frozenlake, gateway
 
@@ -33,8 +39,13 @@ def test_gateway_routes_each_env_to_its_family_and_passes_steps_through(family_s
 
         made = http.post(
             "/v1/batch/create",
-            json={"items": [{"env": "sokoban", "seed": 3, "format": "no_think"},
-                            {"env": "frozenlake", "seed": 3}, {"env": "nosuchenv"}]},  # fmt: skip
+            json={
+                "items": [
+                    {"env": "sokoban", "seed": 3, "format": "no_think"},
+                    {"env": "frozenlake", "seed": 3},
+                    {"env": "nosuchenv"},
+                ]
+            },  # fmt: skip
         ).json()["results"]
         assert made[0]["ok"] and made[1]["ok"]
         assert made[2] == {"ok": False, "error": made[2]["error"]}
@@ -81,8 +92,19 @@ def test_gateway_token_and_lost_upstream(family_servers):
         os.killpg(sokoban.proc.pid, signal.SIGKILL)
         sokoban.proc.wait(timeout=10)
 
-        lost = http.post(f"/v1/sessions/{sok_id}/step",
-                         json={"step_index": 0, "response": RESPONSE.format("Up")})  # fmt: skip
+        step = {"step_index": 0, "response": RESPONSE.format("Up")}
+        # unreachable for a moment: retry (it may be a blip) ...
+        moment = http.post(f"/v1/sessions/{sok_id}/step", json=step)
+        assert moment.status_code == 503 and moment.json()["error"]["code"] == "UNAVAILABLE"
+        ups = {u["node"]: u for u in http.get("/health").json()["upstreams"]}
+        assert ups["sokoban-0"]["up"] is False and len(ups) == 2
+        metrics = http.get("/metrics").text
+        assert (
+            f'visenv_gateway_upstream_up{{address="{sokoban.grpc}",node="sokoban-0"}} 0.0'
+            in metrics
+        )
+        time.sleep(1.2)  # ... and past VISENV_UPSTREAM_LOST_AFTER its sessions are gone
+        lost = http.post(f"/v1/sessions/{sok_id}/step", json=step)
         assert lost.status_code == 410 and lost.json()["error"]["code"] == "SESSION_LOST"
         fine = http.post(f"/v1/sessions/{fl_id}/step",
                          json={"step_index": 0, "response": RESPONSE.format("Down")})  # fmt: skip
