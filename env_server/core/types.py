@@ -165,16 +165,22 @@ def plain(value: Any, where: str = "value") -> Any:
         raise
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def _plain(value: Any) -> Any:
     kind = type(value)
-    if kind is str or kind is int or kind is float or kind is bool or value is None:
+    if kind in _SCALARS:
         return value
     if kind is dict:
         return {
-            (key if type(key) is str else _key(key)): _plain(item) for key, item in value.items()
+            (key if type(key) is str else _key(key)): (
+                item if type(item) in _SCALARS else _plain(item)
+            )
+            for key, item in value.items()
         }
     if kind is list or kind is tuple:
-        return [_plain(item) for item in value]
+        return [item if type(item) in _SCALARS else _plain(item) for item in value]
     # subclasses (IntEnum, numpy's float64, OrderedDict, ...), numpy values, sets
     if isinstance(value, str | bool):
         return value
