@@ -153,10 +153,11 @@ def plain(value: Any, where: str = "value") -> Any:
     numpy scalars and arrays become Python numbers and lists, tuples and sets become
     lists. Anything else raises TypeError naming where it sits (e.g. "ground_truth.cubes[1]"),
     so that a reply that could not be encoded is caught where it is built, not in the API.
+    A dict or list that is plain already is returned as it is, not copied.
 
     Every reply's ground truth and info pass through here (a Sokoban reply holds ~130
-    values): the walk dispatches on the exact type first and names the place of a bad
-    value only once one was found, by walking again (`_named`).
+    values): the walk dispatches on the exact type, copies only what it must change, and
+    names the place of a bad value only once one was found, by walking again (`_named`).
     """
     try:
         return _plain(value)
@@ -173,14 +174,34 @@ def _plain(value: Any) -> Any:
     if kind in _SCALARS:
         return value
     if kind is dict:
-        return {
-            (key if type(key) is str else _key(key)): (
-                item if type(item) in _SCALARS else _plain(item)
-            )
-            for key, item in value.items()
-        }
-    if kind is list or kind is tuple:
-        return [item if type(item) in _SCALARS else _plain(item) for item in value]
+        for n, (key, item) in enumerate(value.items()):  # noqa: B007  (n is read below)
+            if type(key) is not str:
+                break
+            if type(item) not in _SCALARS:
+                done = _plain(item)
+                if done is not item:
+                    break
+        else:
+            return value
+        # from the n-th entry on something changes: a new dict
+        out = {}
+        for m, (key, item) in enumerate(value.items()):
+            if m < n:
+                out[key] = item
+            elif m == n and type(key) is str:
+                out[key] = done
+            else:
+                out[_key(key)] = _plain(item)
+        return out
+    if kind is list:
+        for n, item in enumerate(value):
+            if type(item) not in _SCALARS:
+                done = _plain(item)
+                if done is not item:
+                    return [*value[:n], done, *(_plain(v) for v in value[n + 1 :])]
+        return value
+    if kind is tuple:
+        return [_plain(item) for item in value]
     # subclasses (IntEnum, numpy's float64, OrderedDict, ...), numpy values, sets
     if isinstance(value, str | bool):
         return value
