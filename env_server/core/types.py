@@ -194,6 +194,8 @@ def _plain(value: Any) -> Any:
                 out[_key(key)] = _plain(item)
         return out
     if kind is list:
+        if _SCALARS.issuperset(map(type, value)):  # a position, a list of names: in C
+            return value
         for n, item in enumerate(value):
             if type(item) not in _SCALARS:
                 done = _plain(item)
