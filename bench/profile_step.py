@@ -92,8 +92,12 @@ def leaves(rows: list[tuple[list[str], int]], top: int) -> list[tuple[str, float
     return [(frame, n / total) for frame, n in counts.most_common(top)]
 
 
-def report(name: str, path: Path, top: int) -> None:
+def report(name: str, path: Path, top: int, within: str | None = None) -> None:
+    """The tables of one profile; `within`: only the samples with a frame matching it."""
     rows = load(path)
+    if within is not None:
+        rx = re.compile(within)
+        rows = [(stack, n) for stack, n in rows if any(rx.search(f) for f in stack)]
     print(f"\n## {name}: {sum(n for _, n in rows)} samples\n")
     print("| part | share |\n|---|---:|")
     for label, share in parts(rows).items():
@@ -223,7 +227,8 @@ def main() -> None:
         command = [sys.executable, str(Path(__file__).resolve()), "--drive-in-process",
                    "--seconds", str(args.seconds)]  # fmt: skip
         spy(None, raw, args.seconds, command, env=env, cwd=checkout).wait()
-        report("in-process, 64 sessions", raw, args.top)
+        # the stepping only, not the start-up's imports
+        report("in-process, 64 sessions", raw, args.top, within=r"Worker\.handle \(")
     if args.only in (None, "served"):
         proc, address = start_server(checkout)
         try:
