@@ -10,7 +10,8 @@ In-process: the worker's own step code in one process (as `bench_transport.py`'s
 the checkout, 64 sessions stepped in batches by this process over gRPC while py-spy samples
 the API process and one worker at once. For each profile a table of the inclusive share of
 samples in the parts of a step (parsing, the environment's move, grading, rendering,
-encoding, ...), then the lines most samples sat in (the leaf frames). Needs py-spy
+encoding, ...), then the lines most samples sat in (the leaf frames). Only the thread
+holding the GIL is sampled (py-spy --gil): Python's share of the CPU, not gRPC's C core. Needs py-spy
 (`pip install py-spy`) and the right to ptrace (root, or ptrace_scope 0).
 
 The driver speaks the worker protocol of this repository's checkout (typed messages), so
@@ -192,7 +193,9 @@ async def drive_served(address: str, seconds: float) -> int:
 
 def spy(pid: int | None, out: Path, seconds: float, command: list[str] | None = None,
         env: dict | None = None, cwd: Path | None = None) -> subprocess.Popen:  # fmt: skip
-    base = ["py-spy", "record", "--rate", "200", "--format", "raw", "--output", str(out)]
+    # --gil: the samples of the thread holding the GIL, the one running Python (idle pool
+    # threads otherwise look busy)
+    base = ["py-spy", "record", "--gil", "--rate", "200", "--format", "raw", "--output", str(out)]
     if command is not None:
         return subprocess.Popen([*base, "--", *command], env=env, cwd=cwd,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -237,9 +240,12 @@ def main() -> None:
             loop = asyncio.new_event_loop()
             task = loop.create_task(drive_served(address, args.seconds + 8))
             loop.run_until_complete(asyncio.sleep(4))  # sessions made, stepping
-            # the busiest of the API process's children: a worker
+            # a worker: the child of the API process that works most now (the forkserver
+            # that started the workers worked most before)
             children = psutil.Process(proc.pid).children(recursive=True)
-            worker = max(children, key=lambda c: c.cpu_times().user).pid
+            before = {c.pid: sum(c.cpu_times()[:2]) for c in children}
+            loop.run_until_complete(asyncio.sleep(1))
+            worker = max(children, key=lambda c: sum(c.cpu_times()[:2]) - before[c.pid]).pid
             spies = [spy(proc.pid, out / "api.raw", args.seconds),
                      spy(worker, out / "worker.raw", args.seconds)]  # fmt: skip
             steps = loop.run_until_complete(task)

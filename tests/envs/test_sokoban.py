@@ -215,20 +215,20 @@ def test_system_prompt_names_actions_symbols_and_limit():
 
 @pytest.mark.parametrize("seed", [0, 1, 7])
 def test_generation_walks_draw_exactly_what_numpy_draws(seed):
-    """level._Quarters takes numpy's place in the random walks: the same values, interleaved
-    with doubles, from either half of a 64-bit output, and the generator left as numpy
-    leaves it (the levels of every seed depend on it)."""
-    from env_server.envs.sokoban.level import _Quarters
+    """level._Walk takes numpy's place in the random walks: the same values, integers(4)
+    from either half of a 64-bit output, doubles between them, past a chunk's end, and the
+    generator left as numpy leaves it (the levels of every seed depend on it)."""
+    from env_server.envs.sokoban.level import _Walk
 
     ours, theirs = np.random.default_rng(seed), np.random.default_rng(seed)
     ours.integers(1, 5), theirs.integers(1, 5)  # a kept 32-bit half to start from
-    walk = _Quarters(ours)
+    walk = _Walk(ours)
     got, want = [], []
     for n in range(300):
-        got.append(walk())
+        got.append(walk.quarter())
         want.append(int(theirs.integers(4)))
         if n % 3 == 0:
-            got.append(ours.random())
+            got.append(walk.random())
             want.append(theirs.random())
     walk.close()
     assert got == want
