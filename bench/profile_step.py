@@ -10,8 +10,9 @@ In-process: the worker's own step code in one process (as `bench_transport.py`'s
 the checkout, 64 sessions stepped in batches by this process over gRPC while py-spy samples
 the API process and one worker at once. For each profile a table of the inclusive share of
 samples in the parts of a step (parsing, the environment's move, grading, rendering,
-encoding, ...), then the lines most samples sat in (the leaf frames). Only the thread
-holding the GIL is sampled (py-spy --gil): Python's share of the CPU, not gRPC's C core. Needs py-spy
+encoding, ...), then the lines most samples sat in (the leaf frames). In the served
+processes only the thread holding the GIL is sampled (py-spy --gil): Python's share of
+the CPU, without gRPC's C core or an encoder that lets the GIL go. Needs py-spy
 (`pip install py-spy`) and the right to ptrace (root, or ptrace_scope 0).
 
 The driver speaks the worker protocol of this repository's checkout (typed messages), so
@@ -35,10 +36,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# the driver runs the code of the checkout being profiled; this script's own helpers are
-# plain enough to run from it too
-sys.path.insert(0, os.environ.get("VISENV_CHECKOUT", str(ROOT)))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the in-process driver (a child process) runs the code of the checkout being profiled,
+# and that checkout's bench_transport (which puts its own checkout first on the path)
+CHECKOUT = Path(os.environ.get("VISENV_CHECKOUT", str(ROOT)))
+sys.path.insert(0, str(CHECKOUT))
+sys.path.insert(0, str(CHECKOUT / "bench"))
 
 # inclusive parts of a step: a sample counts for every part one of its frames matches
 PARTS: list[tuple[str, str]] = [
@@ -54,12 +56,12 @@ PARTS: list[tuple[str, str]] = [
     ("    PNG encoder", r"(^|\.)encode_image \("),
     ("  reply: prompts", r"(^|\.)(turn_prompt|system_prompt) \("),
     ("  reply: plain types", r"(^|\.)plain \(.*types\.py"),
-    ("worker: pipe (pickle, send, receive)", r"worker_main \(.*worker\.py:\d+\)$"),
+    ("worker: pipe (pickle, send, receive)", r"LEAF worker_main \("),
     ("API: gRPC step handler", r"(^|\.)Step \(.*grpc_server\.py"),
     ("API: replies to protobuf", r"(^|\.)(fill_proto|to_proto) \("),
     (
         "API: worker pipe (pickle, send, receive)",
-        r"(_call|_send|_receive|_reader|loads|dumps) \(.*service\.py",
+        r"(_read_loop|_send|_call) \(.*service\.py",
     ),
     ("API: reward assembly and guard", r"(^|\.)(assemble_reward|_penalty|penalty) \("),
 ]
@@ -78,8 +80,12 @@ def parts(rows: list[tuple[list[str], int]]) -> dict[str, float]:
     total = sum(n for _, n in rows) or 1
     out = {}
     for label, pattern in PARTS:
-        rx = re.compile(pattern)
-        share = sum(n for stack, n in rows if any(rx.search(f) for f in stack)) / total
+        if pattern.startswith("LEAF "):  # the sample's own line is in this function
+            rx = re.compile(pattern.removeprefix("LEAF "))
+            share = sum(n for stack, n in rows if rx.search(stack[-1])) / total
+        else:
+            rx = re.compile(pattern)
+            share = sum(n for stack, n in rows if any(rx.search(f) for f in stack)) / total
         if share:
             out[label] = share
     return out
@@ -193,13 +199,13 @@ async def drive_served(address: str, seconds: float) -> int:
 
 def spy(pid: int | None, out: Path, seconds: float, command: list[str] | None = None,
         env: dict | None = None, cwd: Path | None = None) -> subprocess.Popen:  # fmt: skip
-    # --gil: the samples of the thread holding the GIL, the one running Python (idle pool
-    # threads otherwise look busy)
-    base = ["py-spy", "record", "--gil", "--rate", "200", "--format", "raw", "--output", str(out)]
+    base = ["py-spy", "record", "--rate", "200", "--format", "raw", "--output", str(out)]
     if command is not None:
         return subprocess.Popen([*base, "--", *command], env=env, cwd=cwd,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    return subprocess.Popen([*base, "--pid", str(pid), "--duration", str(int(seconds))],
+    # a server: only the thread holding the GIL, the one running Python (its idle pool
+    # threads otherwise look busy)
+    return subprocess.Popen([*base, "--gil", "--pid", str(pid), "--duration", str(int(seconds))],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
 
