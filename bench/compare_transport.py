@@ -1,6 +1,8 @@
 """bench_transport.py of two checkouts side by side in one run: before, after, before,
 after, ... (alternating, so that a busy machine weighs on both alike), then one table of
-env-steps/s per variant: the median over rounds of each run's median.
+env-steps/s per variant: the median over rounds of each run's median, the range of the
+rounds' after/before ratios, and the server's CPU seconds per 1,000 env-steps (median
+over rounds; in-process variants have no server).
 
     git worktree add ../visenv-before <commit>
     python bench/compare_transport.py ../visenv-before --rounds 2 --json compare.json
@@ -41,28 +43,41 @@ def main() -> None:
     parser.add_argument("before", type=Path, help="the other checkout (e.g. a git worktree)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", help="also write the per-round rates here")
+    parser.add_argument("--table-of", help="only print the table of a --json file written before")
     args, extra = parser.parse_known_args()
     runs: dict[str, list[dict]] = {"before": [], "after": []}
-    for n in range(args.rounds):
+    if args.table_of:
+        runs = json.loads(Path(args.table_of).read_text())["runs"]
+        args.rounds = len(runs["before"])
+    for n in range(0 if args.table_of else args.rounds):
         for label, checkout in (("before", args.before.resolve()), ("after", ROOT)):
             print(f"round {n + 1}/{args.rounds}: {label} ({checkout})", flush=True)
             runs[label].append(run_once(checkout, extra))
     table = Table(title=f"bench_transport.py, {args.rounds} alternating rounds (env-steps/s)")
-    for column in ("variant", "before", "after", "after/before"):
+    columns = ("variant", "before", "after", "after/before", "per round", "server CPU s/1k")
+    for column in columns:
         table.add_column(column, justify="left" if column == "variant" else "right")
     summary = {}
     for variant in runs["before"][0]:
-        rate = {
-            label: statistics.median(statistics.median(r[variant]["rates"]) for r in rounds)
-            for label, rounds in runs.items()
-            if all(variant in r for r in rounds)
-        }
-        if len(rate) < 2:
+        if not all(variant in r for rounds in runs.values() for r in rounds):
             continue
-        summary[variant] = rate
+        # each run's median trial; the rounds' medians; a round's ratio: after / before
+        medians = {
+            label: [statistics.median(r[variant]["rates"]) for r in rounds]
+            for label, rounds in runs.items()
+        }
+        rate = {label: statistics.median(m) for label, m in medians.items()}
+        ratios = [a / b for a, b in zip(medians["after"], medians["before"], strict=True)]
+        cpu = {
+            label: statistics.median(r[variant]["server_cpu"] for r in rounds)
+            for label, rounds in runs.items()
+        }
+        summary[variant] = rate | {"ratios": ratios, "server_cpu": cpu}
         table.add_row(
             variant, f"{rate['before']:,.0f}", f"{rate['after']:,.0f}",
             f"{rate['after'] / rate['before']:.2f}",
+            f"{min(ratios):.2f}-{max(ratios):.2f}",
+            f"{cpu['before']:.2f} -> {cpu['after']:.2f}" if cpu["before"] else "-",
         )  # fmt: skip
     Console().print(table)
     if args.json:

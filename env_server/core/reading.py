@@ -330,6 +330,8 @@ def parse_natural(text: str, object_types: Iterable[str], spec: GradingSpec) -> 
     """Relation claims in `text` about the given object types (and the anchor)."""
     types = sorted({t for t in object_types if t not in spec.ignore and "." not in t}, key=len)
     names, mention = _mention_pattern(tuple(types))
+    if mention.search(text) is None:
+        return []  # no object named anywhere (a grid, say): no clause can hold a claim
     ignored = _ignored_pattern(tuple(spec.ignore))
     claims: list[Relation] = []
     for sentence in _SENTENCES.split(text):
@@ -445,9 +447,14 @@ def natural_types(truth: dict[str, Any], spec: GradingSpec) -> set[str]:
 
 
 def grade_natural(
-    text: str, truth: dict[str, Any], spec: GradingSpec, known: TrueRelations | None = None
+    text: str,
+    truth: dict[str, Any],
+    spec: GradingSpec,
+    known: TrueRelations | None = None,
+    types: Iterable[str] | None = None,
 ) -> float:
-    """Score of the relation sentences in `text` against `truth` (see `score_relations`)."""
-    return score_relations(
-        parse_natural(text, natural_types(truth, spec), spec), truth, spec, known
-    )
+    """Score of the relation sentences in `text` against `truth` (see `score_relations`;
+    `types`: `natural_types(truth, spec)`, worked out here when not handed in)."""
+    if types is None:
+        types = natural_types(truth, spec)
+    return score_relations(parse_natural(text, types, spec), truth, spec, known)

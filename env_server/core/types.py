@@ -169,31 +169,103 @@ def plain(value: Any, where: str = "value") -> Any:
     numpy scalars and arrays become Python numbers and lists, tuples and sets become
     lists. Anything else raises TypeError naming where it sits (e.g. "ground_truth.cubes[1]"),
     so that a reply that could not be encoded is caught where it is built, not in the API.
+    A dict or list that is plain already is returned as it is, not copied.
+
+    Every reply's ground truth and info pass through here (a Sokoban reply holds ~130
+    values): the walk dispatches on the exact type, copies only what it must change, and
+    names the place of a bad value only once one was found, by walking again (`_named`).
     """
-    if value is None or isinstance(value, (bool, str)):
+    try:
+        return _plain(value)
+    except TypeError:
+        _named(value, where)  # raises the TypeError that says where
+        raise
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _plain(value: Any) -> Any:
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is dict:
+        for n, (key, item) in enumerate(value.items()):  # noqa: B007  (n is read below)
+            if type(key) is not str:
+                break
+            if type(item) not in _SCALARS:
+                done = _plain(item)
+                if done is not item:
+                    break
+        else:
+            return value
+        # from the n-th entry on something changes: a new dict
+        out = {}
+        for m, (key, item) in enumerate(value.items()):
+            if m < n:
+                out[key] = item
+            elif m == n and type(key) is str:
+                out[key] = done
+            else:
+                out[_key(key)] = _plain(item)
+        return out
+    if kind is list:
+        if _SCALARS.issuperset(map(type, value)):  # a position, a list of names: in C
+            return value
+        for n, item in enumerate(value):
+            if type(item) not in _SCALARS:
+                done = _plain(item)
+                if done is not item:
+                    return [*value[:n], done, *(_plain(v) for v in value[n + 1 :])]
+        return value
+    if kind is tuple:
+        return [_plain(item) for item in value]
+    # subclasses (IntEnum, numpy's float64, OrderedDict, ...), numpy values, sets
+    if isinstance(value, str | bool):
         return value
     if isinstance(value, int):
-        return int(value)  # also IntEnum -> int
+        return int(value)
     if isinstance(value, float):
         return float(value)
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, dict):
-        out = {}
+        return {_key(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, set | frozenset):
+        return [_plain(item) for item in sorted(value, key=repr)]
+    raise TypeError(f"{type(value).__name__} is not a plain JSON type")
+
+
+def _key(key: Any) -> str:
+    if isinstance(key, np.generic):
+        key = key.item()
+    if not isinstance(key, str | int | float | bool) and key is not None:
+        raise TypeError(f"key of type {type(key).__name__} is not JSON")
+    return key if isinstance(key, str) else str(key)
+
+
+def _named(value: Any, where: str) -> None:
+    """Raise the TypeError of the first value in `value` that `_plain` refuses, naming where
+    it sits; return if there is none."""
+    if isinstance(value, dict):
         for key, item in value.items():
             if isinstance(key, np.generic):
                 key = key.item()
             if not isinstance(key, (str, int, float, bool)) and key is not None:
                 raise TypeError(f"{where}: key {key!r} of type {type(key).__name__} is not JSON")
-            out[key if isinstance(key, str) else str(key)] = plain(item, f"{where}.{key}")
-        return out
-    if isinstance(value, (list, tuple)):
-        return [plain(item, f"{where}[{n}]") for n, item in enumerate(value)]
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, (set, frozenset)):
-        return [plain(item, f"{where}[]") for item in sorted(value, key=repr)]
-    raise TypeError(f"{where}: {type(value).__name__} {value!r:.80} is not a plain JSON type")
+            _named(item, f"{where}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for n, item in enumerate(value):
+            _named(item, f"{where}[{n}]")
+    elif isinstance(value, (set, frozenset)):
+        for item in sorted(value, key=repr):
+            _named(item, f"{where}[]")
+    elif not (value is None or isinstance(value, (bool, str, int, float, np.generic, np.ndarray))):
+        raise TypeError(f"{where}: {type(value).__name__} {value!r:.80} is not a plain JSON type")
 
 
 class EnvError(Exception):

@@ -154,8 +154,19 @@ def score_relations(claims: list[Relation], truth: dict[str, Any], spec: Grading
     return reading.score_relations(claims, truth, spec, _truth_relations(truth, spec))
 
 
+def _natural_types(truth: dict[str, Any], spec: GradingSpec) -> tuple[str, ...]:
+    symbols = tuple(spec.symbols.items())
+    return _derived(
+        truth,
+        ("types", spec.anchor, spec.ignore, symbols),
+        lambda: tuple(reading.natural_types(truth, spec)),
+    )
+
+
 def grade_natural(text: str, truth: dict[str, Any], spec: GradingSpec) -> float:
-    return reading.grade_natural(text, truth, spec, _truth_relations(truth, spec))
+    return reading.grade_natural(
+        text, truth, spec, _truth_relations(truth, spec), _natural_types(truth, spec)
+    )
 
 
 # ---- entry points ----------------------------------------------------------------

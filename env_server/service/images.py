@@ -1,18 +1,25 @@
 """Image encoding for replies: PNG (default, fast settings), JPEG, or raw RGB bytes.
 
 The hot path of every step. OpenCV's encoder is used when it is installed (a 96x96 PNG
-in ~0.12 ms with no row filter and zlib level 1, about 5x faster than Pillow and no
-larger for rendered tiles); Pillow otherwise. Both are lossless for PNG, so the pixels
-a client decodes are the same either way.
+in ~50 us with no row filter and zlib level 1, about 10x faster than Pillow and no
+larger for rendered tiles: other filters, levels and zlib strategies were all slower or
+larger, `docs/performance.md`); Pillow otherwise. Both are lossless for PNG, so the
+pixels a client decodes are the same either way. The RGB -> BGR swap OpenCV wants is
+done by `cv2.cvtColor` (a reversed-channel view costs the encoder ~30 us more).
+
+A frame is known by a 128-bit xxh3 digest of its pixels (~3 us for 96x96; blake2b took
+~90 us, more than the encoding it saved): a session whose frame did not change (a move
+into a wall) and frames seen recently by any session of the process re-use their
+encoding.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 from collections import OrderedDict
 
 import numpy as np
+import xxhash
 from PIL import Image
 
 from visenv import wire
@@ -54,7 +61,8 @@ def encode_image(array: np.ndarray, encoding: str = "png") -> wire.Image:
     if encoding not in ("png", "jpeg"):
         raise ValueError(f"unknown image encoding {encoding!r}; use png, jpeg or raw")
     if cv2 is not None:
-        ok, buf = cv2.imencode(_CV2_EXT[encoding], array[:, :, ::-1], _CV2_PARAMS[encoding])
+        bgr = cv2.cvtColor(array, cv2.COLOR_RGB2BGR)
+        ok, buf = cv2.imencode(_CV2_EXT[encoding], bgr, _CV2_PARAMS[encoding])
         if not ok:
             raise ValueError(f"OpenCV could not encode a {shape} image as {encoding}")
         return wire.Image(encoding, buf.tobytes(), shape)
@@ -73,17 +81,19 @@ def decode_image(image: wire.Image) -> np.ndarray:
 
 
 # encodings of recent frames, shared by the sessions of this process: states recur (a
-# player walking back and forth, sessions of one level), a digest costs ~10 us
+# player walking back and forth, sessions of one level)
 SHARED_FRAMES = 1024
-_shared: OrderedDict[tuple[str, tuple[int, ...], bytes], wire.Image] = OrderedDict()
+_Key = tuple[str, tuple[int, ...], bytes]
+_shared: OrderedDict[_Key, wire.Image] = OrderedDict()
 
 
-def _encode_shared(array: np.ndarray, encoding: str) -> wire.Image:
-    """`encode_image`, re-using the encoding of an identical recent frame (same bytes)."""
-    if encoding == "raw":
-        return encode_image(array, encoding)
-    array = _check(array)
-    key = (encoding, array.shape, hashlib.blake2b(array.data, digest_size=16).digest())
+def _key(array: np.ndarray, encoding: str) -> _Key:
+    """What identifies an encoding of `array` (contiguous uint8): encoding, shape, digest."""
+    return encoding, array.shape, xxhash.xxh3_128_digest(array.data)
+
+
+def _encode_shared(array: np.ndarray, encoding: str, key: _Key) -> wire.Image:
+    """`encode_image`, re-using the encoding of an identical recent frame (same `key`)."""
     encoded = _shared.get(key)
     if encoded is not None:
         _shared.move_to_end(key)
@@ -97,25 +107,27 @@ def _encode_shared(array: np.ndarray, encoding: str) -> wire.Image:
 
 class ImageCache:
     """Re-uses the last encoding of a session's images while they are unchanged (a move
-    into a wall leaves the frame as it was): a comparison costs ~3 us, an encoding ~120."""
+    into a wall leaves the frame as it was), by their digests."""
 
     def __init__(self) -> None:
-        self._last: list[tuple[str, np.ndarray, wire.Image]] = []
+        self._last: list[tuple[_Key, wire.Image]] = []
 
     def encode(self, images: list[np.ndarray], encoding: str) -> list[wire.Image]:
+        if encoding == "raw":
+            self._last.clear()
+            return [encode_image(array, encoding) for array in images]
         out: list[wire.Image] = []
         for i, array in enumerate(images):
+            array = _check(array)
+            key = _key(array, encoding)
+            if i < len(self._last) and self._last[i][0] == key:
+                out.append(self._last[i][1])
+                continue
+            encoded = _encode_shared(array, encoding, key)
             if i < len(self._last):
-                enc, prev, encoded = self._last[i]
-                if enc == encoding and prev.shape == array.shape and np.array_equal(prev, array):
-                    out.append(encoded)
-                    continue
-            encoded = _encode_shared(array, encoding)
-            entry = (encoding, np.array(array, dtype=np.uint8, copy=True), encoded)
-            if i < len(self._last):
-                self._last[i] = entry
+                self._last[i] = (key, encoded)
             else:
-                self._last.append(entry)
+                self._last.append((key, encoded))
             out.append(encoded)
         del self._last[len(images) :]
         return out

@@ -211,3 +211,26 @@ def test_system_prompt_names_actions_symbols_and_limit():
     text = env.system_prompt(ResponseFormat.GROUNDING)
     for word in ("Up, Down, Left, Right", "up to 2 action", "√", "#", "target", "+10"):
         assert word in text
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_generation_walks_draw_exactly_what_numpy_draws(seed):
+    """level._Walk takes numpy's place in the random walks: the same values, integers(4)
+    from either half of a 64-bit output, doubles between them, past a chunk's end, and the
+    generator left as numpy leaves it (the levels of every seed depend on it)."""
+    from env_server.envs.sokoban.level import _Walk
+
+    ours, theirs = np.random.default_rng(seed), np.random.default_rng(seed)
+    ours.integers(1, 5), theirs.integers(1, 5)  # a kept 32-bit half to start from
+    walk = _Walk(ours)
+    got, want = [], []
+    for n in range(300):
+        got.append(walk.quarter())
+        want.append(int(theirs.integers(4)))
+        if n % 3 == 0:
+            got.append(walk.random())
+            want.append(theirs.random())
+    walk.close()
+    assert got == want
+    assert ours.bit_generator.state == theirs.bit_generator.state
+    assert ours.integers(1, 1000, size=5).tolist() == theirs.integers(1, 1000, size=5).tolist()

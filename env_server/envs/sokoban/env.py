@@ -106,7 +106,7 @@ class SokobanEnv(Environment):
     def __init__(self, config: SokobanConfig | None = None) -> None:
         super().__init__(config)
         self._level: Level | None = None
-        self._background: np.ndarray | None = None  # tile index per cell: wall/floor/target
+        self._background: np.ndarray | None = None  # the frame of the walls, floor, targets
         self._static_gt: dict[str, Any] = {}
         self._planner = Planner()
         self._given: Level | None = None  # the room reset_from_text is starting
@@ -162,7 +162,7 @@ class SokobanEnv(Environment):
 
     def _start(self, level: Level, solution: list[str] | None) -> None:
         self._level = level
-        self._background = render.background(level)
+        self._background = render.background(level, self.config.tile_size)
         self._static_gt = {
             "grid_size": [level.height, level.width],
             "targets": cells_rc(level, level.targets),

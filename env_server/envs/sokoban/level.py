@@ -153,6 +153,71 @@ def _path(parent: dict, start: tuple, end: tuple) -> list[str]:
 # ---- generation ----------------------------------------------------------------
 
 
+class _Walk:
+    """The draws of a random walk, `rng.integers(4)` and `rng.random()`, made exactly as
+    numpy makes them but without its per-call overhead (a generated level takes ~600 of
+    them, and numpy's calls were most of generation's time).
+
+    numpy's Generator, on its default bit generator PCG64, draws `integers(4)` with
+    Lemire's method on the next 32-bit output: (u32 * 4) >> 32, the top two bits, never
+    rejected; PCG64 makes its 32-bit outputs two from each 64-bit one (the low half
+    first, the high half kept in its state for the next call). `random()` is the next
+    64-bit output's top 53 bits times 2**-53, and leaves the kept half alone. So the walk
+    takes the 64-bit outputs in chunks (`random_raw`) and splits them the same way; `close`
+    leaves the generator exactly where numpy's draws would have (the outputs used, the kept
+    half), before any other draw. Any other bit generator: numpy's own calls.
+    """
+
+    CHUNK = 64
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self._rng = rng
+        self._bits = rng.bit_generator
+        self._exact = type(self._bits) is np.random.PCG64
+        if self._exact:
+            self._start = self._bits.state
+            self._has, self._kept = self._start["has_uint32"], self._start["uinteger"]
+            self._chunk: list[int] = []
+            self._next = 0  # in the chunk
+            self._used = 0  # 64-bit outputs taken
+
+    def _raw(self) -> int:
+        if self._next == len(self._chunk):
+            self._chunk = self._bits.random_raw(self.CHUNK).tolist()
+            self._next = 0
+        out = self._chunk[self._next]
+        self._next += 1
+        self._used += 1
+        return out
+
+    def quarter(self) -> int:
+        """`int(rng.integers(4))`."""
+        if not self._exact:
+            return int(self._rng.integers(4))
+        if self._has:
+            self._has = 0
+            return self._kept >> 30
+        out = self._raw()
+        self._has, self._kept = 1, out >> 32
+        return (out & 0xFFFFFFFF) >> 30
+
+    def random(self) -> float:
+        """`rng.random()`."""
+        if not self._exact:
+            return float(self._rng.random())
+        return (self._raw() >> 11) * (1.0 / 9007199254740992.0)
+
+    def close(self) -> None:
+        if not self._exact:
+            return
+        self._bits.state = self._start  # back to the start, then exactly the outputs used
+        if self._used:
+            self._bits.random_raw(self._used)
+        state = self._bits.state
+        state["has_uint32"], state["uinteger"] = self._has, self._kept
+        self._bits.state = state
+
+
 def _carve_room(rng: np.random.Generator, height: int, width: int, min_floor: int) -> np.ndarray:
     """A connected floor area (bool grid) carved by a random walk inside the outer walls."""
     interior = (height - 2) * (width - 2)
@@ -161,19 +226,21 @@ def _carve_room(rng: np.random.Generator, height: int, width: int, min_floor: in
     floor = np.zeros((height, width), dtype=bool)
     carved: set[tuple[int, int]] = set()  # the floor cells, counted without numpy
     r, c = int(rng.integers(1, height - 1)), int(rng.integers(1, width - 1))
-    direction = int(rng.integers(4))
+    walk = _Walk(rng)
+    direction = walk.quarter()
     deltas = list(DELTAS.values())
     for _ in range(50 * interior):
         carved.add((r, c))
         if len(carved) >= wanted:
             break
-        if rng.random() < 0.35:
-            direction = int(rng.integers(4))
+        if walk.random() < 0.35:
+            direction = walk.quarter()
         dr, dc = deltas[direction]
         if 1 <= r + dr < height - 1 and 1 <= c + dc < width - 1:
             r, c = r + dr, c + dc
         else:
-            direction = int(rng.integers(4))
+            direction = walk.quarter()
+    walk.close()
     rows, cols = zip(*carved, strict=True)
     floor[list(rows), list(cols)] = True
     return floor
@@ -188,13 +255,14 @@ def _reverse_play(rng: np.random.Generator, level: Level, steps: int) -> Level:
     offsets = list(level.offsets().values())
     player, boxes = level.player, set(level.boxes)
     best, best_score = level, 0
+    walk = _Walk(rng)
     for _ in range(steps):
-        off = offsets[int(rng.integers(4))]
+        off = offsets[walk.quarter()]
         dest = player + off
         if dest in level.walls or dest in boxes:
             continue
         behind = player - off
-        pulled = behind in boxes and rng.random() < PULL_PROBABILITY
+        pulled = behind in boxes and walk.random() < PULL_PROBABILITY
         if pulled:
             boxes.remove(behind)
             boxes.add(player)
@@ -204,6 +272,7 @@ def _reverse_play(rng: np.random.Generator, level: Level, steps: int) -> Level:
             if score > best_score:
                 best = replace(level, boxes=frozenset(boxes), player=player)
                 best_score = score
+    walk.close()
     # walking (without pulling) is reversible, so any cell the player can reach from there
     # keeps the level solvable
     reachable = sorted(_reachable(best))

@@ -1,4 +1,5 @@
-"""A fast Sokoban renderer: tiles drawn once per tile size, frames composed by indexing.
+"""A fast Sokoban renderer: tiles drawn once per tile size, a room's still background
+composed once per episode, and each frame a copy of it with the moving tiles painted on.
 
 Each tile kind has its own colour and shape so that a vision model can tell them
 apart: brick walls, plain floor, a red ring for a target, a wooden crate with a cross
@@ -111,18 +112,29 @@ def compose(cells: np.ndarray, size: int) -> np.ndarray:
     return frame.transpose(0, 2, 1, 3, 4).reshape(rows * size, cols * size, 3)
 
 
-def background(level: Level) -> np.ndarray:
-    """The tile index of every cell that never changes (wall, floor, target), flat."""
+def background(level: Level, size: int) -> np.ndarray:
+    """The frame of everything in `level` that never changes (walls, floor, targets),
+    composed once per episode; read-only."""
     cells = np.full(level.height * level.width, FLOOR, dtype=np.intp)
     cells[list(level.walls)] = WALL
     cells[list(level.targets)] = TARGET
-    return cells
+    out = compose(cells.reshape(level.height, level.width), size)
+    out.flags.writeable = False
+    return out
 
 
 def frame(level: Level, still: np.ndarray, size: int) -> np.ndarray:
-    """The frame of `level` on its `background`: (rows * size, cols * size, 3) uint8."""
-    cells = still.copy()
-    for box in level.boxes:
-        cells[box] = BOX_ON_TARGET if box in level.targets else BOX
-    cells[level.player] = PLAYER_ON_TARGET if level.player in level.targets else PLAYER
-    return compose(cells.reshape(level.height, level.width), size)
+    """The frame of `level`: a copy of its `background` with the boxes and the player
+    drawn on their cells. (rows * size, cols * size, 3) uint8."""
+    out = still.copy()
+    drawn = tiles(size)
+    for cell in level.boxes:
+        _paint(out, level, cell, drawn[BOX_ON_TARGET if cell in level.targets else BOX], size)
+    player = level.player
+    _paint(out, level, player, drawn[PLAYER_ON_TARGET if player in level.targets else PLAYER], size)
+    return out
+
+
+def _paint(out: np.ndarray, level: Level, cell: int, tile: np.ndarray, size: int) -> None:
+    r, c = divmod(cell, level.width)
+    out[r * size : (r + 1) * size, c * size : (c + 1) * size] = tile
