@@ -85,8 +85,13 @@ def test_compose_shape():
     for family in ("navigation", "primitive_skill"):
         (device,) = gpu[family]["deploy"]["resources"]["reservations"]["devices"]
         assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    # the build contexts are relative to the repository root, where the root file includes
+    # this one (podman-compose resolves them there whatever project_directory says)
     root = yaml.safe_load((ROOT / "compose.yaml").read_text())
-    assert root["include"] == ["docker/compose.yaml"]
+    assert root["include"] == [{"path": "docker/compose.yaml", "project_directory": "."}]
+    for family in FAMILIES:
+        assert services[family]["build"]["context"] == "."
+        assert (ROOT / services[family]["build"]["dockerfile"]).is_file()
 
 
 # ---------------------------------------------------------------- the images' own commands
