@@ -1,9 +1,11 @@
-"""Containers, compose and Kubernetes, checked without a Docker engine.
+"""Containers, compose and Kubernetes, checked without building an image.
 
-There is no Docker engine here, so: the compose files are validated against the
-compose specification's schema, the Dockerfiles with hadolint, the manifests against
-Kubernetes' schemas; and the exact commands the images and compose services run (their
-ENV, ENTRYPOINT/CMD, HEALTHCHECK) are run here, outside containers, on loopback.
+The images are built and run for real by `make image-test` (scripts/images.py; .ci/run
+does the light family), which takes minutes. Here, quickly: the compose files are
+validated against the compose specification's schema, the Dockerfiles with hadolint, the
+manifests against Kubernetes' schemas; and the exact commands the images and compose
+services run (their ENV, ENTRYPOINT/CMD, HEALTHCHECK) are run outside containers, on
+loopback.
 """
 
 from __future__ import annotations
