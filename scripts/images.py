@@ -434,19 +434,11 @@ def port_of(eng: str, container: str, port: int) -> str:
 @contextmanager
 def container(eng: str, image: str, name: str):
     run(eng, "rm", "-f", name, check=False, capture=True)
-    run(
-        eng,
-        "run",
-        "-d",
-        "--name",
-        name,
-        "-p",
-        "127.0.0.1::8000",
-        "-p",
-        "127.0.0.1::50051",
-        image,
-        capture=True,
-    )
+    ports = ["-p", "127.0.0.1::8000", "-p", "127.0.0.1::50051"]
+    started = run(eng, "run", "-d", "--name", name, *ports, image, check=False, capture=True)
+    if started.returncode:
+        run(eng, "rm", "-f", name, check=False, capture=True)
+        raise Failure(image, "run", started.stderr.strip()[-2000:])
     try:
         yield name
     finally:
