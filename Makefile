@@ -12,8 +12,9 @@ COMPAT_VENV  ?= .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.visenv-compat-setup
 COMPAT_PYTEST_ARGS ?=
 TORCH_SPEC ?= torch==2.13.0
+IMAGE_FAMILIES ?= light navigation primitive_skill
 
-.PHONY: setup serve test compat-setup compat-test bench lint proto clean help
+.PHONY: setup serve test compat-setup compat-test images image-test bench lint proto clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z][a-z-]*:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -42,6 +43,12 @@ $(COMPAT_STAMP): tests_compat/requirements.txt
 compat-test: setup compat-setup  ## peers' own clients (OpenEnv, TRL) against a real visenv serve
 	cd tests_compat && VISENV_PYTHON=$(abspath $(BIN))/python \
 		$(abspath $(COMPAT_VENV))/bin/python -m pytest -p no:cacheprovider $(COMPAT_PYTEST_ARGS)
+
+images: setup  ## build the family images (docker, else podman; see docker/README.md)
+	TORCH_SPEC="$(TORCH_SPEC)" $(BIN)/python scripts/images.py build $(IMAGE_FAMILIES)
+
+image-test: images  ## run each image and `envs` from compose.yaml on loopback, play every env
+	$(BIN)/python scripts/images.py test $(IMAGE_FAMILIES)
 
 bench: setup  ## run the benchmarks in bench/ (numbers, not pass/fail)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -1,9 +1,11 @@
-"""Containers, compose and Kubernetes, checked without a Docker engine.
+"""Containers, compose and Kubernetes, checked without building an image.
 
-There is no Docker engine here, so: the compose files are validated against the
-compose specification's schema, the Dockerfiles with hadolint, the manifests against
-Kubernetes' schemas; and the exact commands the images and compose services run (their
-ENV, ENTRYPOINT/CMD, HEALTHCHECK) are run here, outside containers, on loopback.
+The images are built and run for real by `make image-test` (scripts/images.py; .ci/run
+does the light family), which takes minutes. Here, quickly: the compose files are
+validated against the compose specification's schema, the Dockerfiles with hadolint, the
+manifests against Kubernetes' schemas; and the exact commands the images and compose
+services run (their ENV, ENTRYPOINT/CMD, HEALTHCHECK) are run outside containers, on
+loopback.
 """
 
 from __future__ import annotations
@@ -91,8 +93,13 @@ def test_compose_shape():
     for family in ("navigation", "primitive_skill"):
         (device,) = gpu[family]["deploy"]["resources"]["reservations"]["devices"]
         assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    # the build contexts are relative to the repository root, where the root file includes
+    # this one (podman-compose resolves them there whatever project_directory says)
     root = yaml.safe_load((ROOT / "compose.yaml").read_text())
-    assert root["include"] == ["docker/compose.yaml"]
+    assert root["include"] == [{"path": "docker/compose.yaml", "project_directory": "."}]
+    for family in FAMILIES:
+        assert services[family]["build"]["context"] == "."
+        assert (ROOT / services[family]["build"]["dockerfile"]).is_file()
 
 
 # ---------------------------------------------------------------- the images' own commands
