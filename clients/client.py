@@ -55,7 +55,9 @@ class AsyncEnvClient:
     transport: "grpc" (default) or "http" for bare addresses.
     token: bearer token; defaults to the VISENV_TOKEN environment variable.
     timeout: seconds for any one call to one server.
-    retries: extra attempts after a connection failure (0 disables retrying).
+    retries: extra attempts after a connection failure, and of the items of a step, get or
+        close that a gateway answered UNAVAILABLE (its server unreachable for a moment;
+        a step keeps its step_index, so none is applied twice). 0 disables retrying.
 
     Make it inside a running event loop (its gRPC channels bind to that loop); the
     sync `EnvClient` takes care of that.
@@ -167,18 +169,30 @@ class AsyncEnvClient:
 
         async def one(server_idx: int, positions: list[int]) -> None:
             server = self._servers[server_idx]
-            try:
-                out = await self._retrying(lambda: call(server, positions), idempotent)
-            except ConnectionFailure as exc:
-                out = [lost(server, exc)] * len(positions)
-            except VisenvError as exc:  # the whole call failed (timeout, token): each item's error
-                out = [exc] * len(positions)
-            if len(out) != len(positions):
-                raise VisenvError(
-                    f"{server.address} answered {len(out)} results for {len(positions)} items"
-                )
-            for pos, r in zip(positions, out, strict=True):
-                results[pos] = r
+            for attempt in range(self.retries + 1):
+                try:
+                    out = await self._retrying(lambda: call(server, positions), idempotent)
+                except ConnectionFailure as exc:  # retried already: the server is gone
+                    out, positions_left = [lost(server, exc)] * len(positions), []
+                except VisenvError as exc:  # the whole call failed (timeout, token)
+                    out, positions_left = [exc] * len(positions), []
+                else:  # items a gateway could not reach their server for, for a moment
+                    positions_left = [
+                        p for p, r in zip(positions, out, strict=False)
+                        if idempotent and isinstance(r, Unavailable)
+                    ]  # fmt: skip
+                if len(out) != len(positions):
+                    raise VisenvError(
+                        f"{server.address} answered {len(out)} results for {len(positions)} items"
+                    )
+                for pos, r in zip(positions, out, strict=True):
+                    results[pos] = r
+                if not positions_left or attempt == self.retries:
+                    return
+                # the same items again (a step keeps its step_index, so it is answered from
+                # the server's memory if it was applied before the answer was lost)
+                positions = positions_left
+                await asyncio.sleep(min(2.0, self.retry_wait * 2**attempt))
 
         if len(groups) == 1:  # one server: no tasks to spawn
             ((k, v),) = groups.items()

@@ -281,3 +281,36 @@ def test_sessions_of_a_restarted_upstream_are_lost_and_new_ones_go_on(start_vise
             assert step(http, new, 0).json()["turn"] == 1
     finally:
         proxy.close()
+
+
+def test_the_sdk_retries_a_step_its_gateway_could_not_deliver_and_applies_it_once(
+    start_visenv_server,
+):
+    """The SDK's own retry of an UNAVAILABLE item (what a user of EnvClient gets
+    without writing a loop): the step reached the upstream, its answer was lost between
+    gateway and upstream, the SDK sends the same step_index again and gets the reply."""
+    from clients import EnvClient, SessionOptions
+
+    upstream = start_visenv_server(workers=1, envs="tiny", extra_env={"VISENV_NODE_ID": "light-0"})
+    proxy = CuttableProxy(upstream.grpc)
+    try:
+        gateway = start_visenv_server(envs=None, upstreams=[f"light-0={proxy.address}"])
+        with EnvClient(gateway.grpc, retries=3, retry_wait=0.2) as client, \
+                upstream.client() as direct, ThreadPoolExecutor(1) as pool:  # fmt: skip
+            (first,) = client.create(SessionOptions(seed=2, **OPTIONS))
+            sid = first.session_id
+            client.step(sid, MOVES[0])
+            proxy.swallow = True  # the next step reaches the upstream; its answer does not return
+            pending = pool.submit(client.step, sid, MOVES[1])
+            deadline = time.monotonic() + 20
+            while direct.get(f"/v1/sessions/{sid}").json()["turn"] != 2:
+                assert time.monotonic() < deadline, "the step never reached the upstream"
+                time.sleep(0.05)
+            proxy.cut()
+            (reply,) = pending.result(timeout=30)
+            assert reply.turn == 2 and reply.step_index == 2
+            assert direct.get(f"/v1/sessions/{sid}").json()["turn"] == 2  # applied once
+            (after,) = client.step(sid, MOVES[0])
+            assert after.turn == 3
+    finally:
+        proxy.close()
