@@ -28,6 +28,7 @@ from grpc_reflection.v1alpha import reflection
 
 from env_server.service.models import ServiceError
 from env_server.service.service import EnvService
+from env_server.service.settings import Settings
 from visenv import wire
 from visenv.v1 import visenv_pb2 as pb
 from visenv.v1 import visenv_pb2_grpc as pb_grpc
@@ -35,7 +36,6 @@ from visenv.v1 import visenv_pb2_grpc as pb_grpc
 log = logging.getLogger("visenv.grpc")
 
 MAX_SEND_BYTES = 256 * 1024 * 1024  # replies: large batches of images
-MIN_RECEIVE_BYTES = 64 * 1024 * 1024  # requests: many long responses (SVG documents)
 # calls that never need the token
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
 
@@ -137,7 +137,10 @@ class VisenvServicer(pb_grpc.VisenvServicer):
         self, request: pb.ListEnvsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListEnvsResponse:
         specs = await self.service.list_envs()
-        return pb.ListEnvsResponse(envs=[spec.to_proto() for spec in specs])
+        limits = self.service.limits() if hasattr(self.service, "limits") else {}
+        return pb.ListEnvsResponse(
+            envs=[spec.to_proto() for spec in specs], limits_json=json.dumps(limits)
+        )
 
     @_guarded
     async def Create(
@@ -241,9 +244,10 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
 def build_grpc_server(service: EnvService, address: str, token: str | None) -> grpc.aio.Server:
     """A grpc.aio server (not started) serving visenv.v1, health and reflection on
     `address` ("host:port"; port 0 picks a free one, found afterwards in `server.port`)."""
-    receive = max(
-        MIN_RECEIVE_BYTES, getattr(getattr(service, "settings", None), "max_request_bytes", 0) or 0
-    )
+    # requests: the same limit as REST's bodies (Settings.max_request_bytes; a gateway
+    # passes its requests on to servers that hold theirs)
+    settings = getattr(service, "settings", None)
+    receive = getattr(settings, "max_request_bytes", None) or Settings().max_request_bytes
     server = grpc.aio.server(
         interceptors=[TokenInterceptor(token)] if token else [],
         options=[

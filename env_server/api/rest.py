@@ -238,6 +238,10 @@ def build_app(
     async def _on_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(_validation_error(exc))
 
+    @app.exception_handler(ServiceError)
+    async def _on_service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        return error_response(exc)  # a whole call refused (e.g. over max_batch_items)
+
     @app.exception_handler(StarletteHTTPException)
     async def _on_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400:  # e.g. a body that is not UTF-8: the wire's 422
@@ -276,7 +280,13 @@ def build_app(
 
     @app.get("/v1/envs", tags=["envs"], **replies(wire.ListEnvsResponse))
     async def list_envs() -> JSONResponse:
-        return JSONResponse({"envs": [spec.to_json() for spec in await service.list_envs()]})
+        envs = [spec.to_json() for spec in await service.list_envs()]
+        return JSONResponse({"envs": envs, "limits": await limits()})
+
+    @app.get("/v1/limits", tags=["envs"])
+    async def limits() -> dict[str, Any]:
+        # a gateway routes to servers that hold their own limits
+        return service.limits() if hasattr(service, "limits") else {}
 
     @app.post("/v1/sessions", tags=["sessions"], summary="Create a session (and reset it)", **ONE)
     async def create(options: SessionOptions) -> Response:

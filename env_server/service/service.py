@@ -42,7 +42,9 @@ import dataclasses
 import functools
 import gc
 import itertools
+import json
 import logging
+import math
 import multiprocessing
 import os
 import pickle
@@ -50,7 +52,7 @@ import secrets
 import socket
 import struct
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -74,6 +76,8 @@ from .messages import (
 )
 from .metrics import Metrics
 from .models import (
+    MAX_FORKS,
+    SEED_LIMIT,
     EnvSpec,
     ForkItem,
     ResetItem,
@@ -100,6 +104,7 @@ class _Queued:
 
     batch: list[Message]
     future: asyncio.Future
+    deadline: float  # seconds the worker may take for it (see WorkerHandle.stuck)
 
 
 class WorkerHandle:
@@ -139,6 +144,10 @@ class WorkerHandle:
         self._flush_soon = False
         # when the last requests that found the worker busy arrived (concurrency evidence)
         self._overlaps: collections.deque[float] = collections.deque(maxlen=self.CONCURRENT)
+        # the deadline of each message in flight, oldest first, and when the worker began
+        # the oldest (its last answer, or the send if it was idle): see `stuck`
+        self._deadlines: collections.deque[float] = collections.deque()
+        self._progress_at = 0.0
         self.messages_sent = 0  # pipe messages, and the requests they carried
         self.requests_sent = 0
         self.ctx = ctx
@@ -152,6 +161,7 @@ class WorkerHandle:
         self._writer: asyncio.StreamWriter | None = None
         self._read_task: asyncio.Task | None = None
         self._stopping = False
+        self.killed = False
         self.on_death: Any = None  # callable(WorkerHandle), set by the service
 
     async def start(self, timeout: float = 60.0) -> None:
@@ -213,7 +223,9 @@ class WorkerHandle:
         if not self._stopping and self.on_death is not None:
             self.on_death(self)
 
-    async def request(self, batch: list[Message]) -> list[Any] | ServiceError:
+    async def request(
+        self, batch: list[Message], deadline: float = 60.0
+    ) -> list[Any] | ServiceError:
         """Send a batch of messages to the worker and await their answers (a list, in
         order; or one ServiceError when the worker could not read the message), coalesced
         with concurrent batches.
@@ -238,7 +250,7 @@ class WorkerHandle:
         if self._in_flight or self._queue:
             self._overlaps.append(loop.time())
         future = loop.create_future()
-        self._queue.append(_Queued(batch, future))
+        self._queue.append(_Queued(batch, future, deadline))
         self._queued_items += len(batch)
         if self._queued_items >= self.coalesce_max_items:
             self._flush()
@@ -250,6 +262,12 @@ class WorkerHandle:
             self._flush_soon = True
             loop.call_soon(self._flush_now)
         return await future
+
+    def stuck(self, now: float) -> bool:
+        """Whether the worker has spent longer than its deadline on one message: the clock
+        runs from its last answer (or from the send, if it was idle), so a worker answering
+        message after message of a long batch is busy, never stuck."""
+        return bool(self._deadlines) and now - self._progress_at > self._deadlines[0]
 
     def concurrent(self, now: float) -> bool:
         """Whether concurrent callers are using this worker now (see `request`)."""
@@ -305,6 +323,9 @@ class WorkerHandle:
         self.messages_sent += 1
         self.requests_sent += len(entries)
         message.add_done_callback(functools.partial(self._answered, entries))
+        if not self._deadlines:
+            self._progress_at = asyncio.get_running_loop().time()
+        self._deadlines.append(max(e.deadline for e in entries))
         try:
             if len(entries) == 1:
                 batch = entries[0].batch
@@ -323,6 +344,9 @@ class WorkerHandle:
     def _answered(self, entries: list[_Queued], message: asyncio.Future) -> None:
         """Hand each caller its part of a message's answer, then send what queued meanwhile."""
         self._in_flight -= 1
+        if self._deadlines:
+            self._deadlines.popleft()
+        self._progress_at = asyncio.get_running_loop().time()
         if message.cancelled():
             error: BaseException | None = WorkerLost(f"worker {self.index}: message cancelled")
         else:
@@ -346,11 +370,15 @@ class WorkerHandle:
                     entry.future.set_exception(error)
         self._flush()
 
-    def kill(self) -> None:
+    def kill(self) -> bool:
         """SIGKILL the process (a stuck worker): its pipe closes, calls in flight fail with
-        WorkerLost and `on_death` replaces it, as for any death."""
-        if self.process is not None and self.process.is_alive():
-            self.process.kill()
+        WorkerLost and `on_death` replaces it, as for any death. False if it was killed
+        already (several callers may find it stuck)."""
+        if self.killed or self.process is None or not self.process.is_alive():
+            return False
+        self.killed = True
+        self.process.kill()
+        return True
 
     async def stop(self, timeout: float = 5.0) -> None:
         self._stopping = True
@@ -386,6 +414,16 @@ class Session:
     # the guard its responses are counted in: its config's (shared by every session of that
     # config) or, for a fork, its own copy; None until first needed
     guard: ResponseGuard | None = None
+    # the body of the last step applied (`_step_key`): a retry must resend the same
+    last_step: tuple | None = None
+
+
+def _step_key(item: StepItem) -> tuple:
+    """What makes two step bodies the same request (a retry), step_index aside."""
+    actions = None
+    if item.actions is not None:
+        actions = tuple((a.name, tuple(a.args), a.payload) for a in item.actions)
+    return item.response, actions, item.image_encoding
 
 
 def _validate(model: type[M], raw: M | Mapping[str, Any]) -> M | ServiceError:
@@ -395,6 +433,63 @@ def _validate(model: type[M], raw: M | Mapping[str, Any]) -> M | ServiceError:
         return model.model_validate(raw)
     except ValidationError as exc:
         return ServiceError.from_validation(exc)
+
+
+def _nonfinite(value: Any, where: str) -> Iterator[str]:
+    """Where the non-finite numbers in a JSON-like value sit."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            yield where
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _nonfinite(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for n, item in enumerate(value):
+            yield from _nonfinite(item, f"{where}.{n}")
+
+
+def writable(reply: SessionReply) -> tuple[SessionReply, SessionReply | ServiceError]:
+    """(what the session keeps, what the caller gets) for a reply from a worker.
+
+    A reply whose numbers are all finite is both. One with a NaN or an infinity (an
+    environment's bug: requests carry none) can't be written as JSON: the caller gets
+    INTERNAL with an error id (the log has the places), and the session keeps a copy with
+    those numbers as null (a reward part: 0, the places listed in info.unwritable), so
+    that it stays readable (GET, a retry, a fork) and can go on."""
+    bad = [
+        *_nonfinite(reply.reward, "reward"),
+        *_nonfinite(reply.reward_parts.to_json(), "reward_parts"),
+        *_nonfinite(reply.observation.ground_truth, "observation.ground_truth"),
+        *_nonfinite(reply.observation.info, "observation.info"),
+        *_nonfinite(reply.info, "info"),
+    ]
+    if not bad:
+        return reply, reply
+    error = ServiceError.internal(
+        ValueError(f"non-finite numbers at {', '.join(bad)}"),
+        f"the reply of {reply.session_id}",
+        log,
+    )
+
+    def scrub(value: Any) -> Any:
+        return json.loads(json.dumps(value), parse_constant=lambda _: None)
+
+    parts = RewardParts(
+        **{k: v if math.isfinite(v) else 0.0 for k, v in reply.reward_parts.to_json().items()}
+    )
+    observation = dataclasses.replace(
+        reply.observation,
+        ground_truth=scrub(reply.observation.ground_truth),
+        info=scrub(reply.observation.info),
+    )
+    stored = dataclasses.replace(
+        reply,
+        observation=observation,
+        reward_parts=parts,
+        reward=parts.total,
+        info={**scrub(reply.info), "unwritable": {"error_id": error.error_id, "fields": bad}},
+    )
+    return stored, error
 
 
 def assemble_reward(
@@ -512,6 +607,33 @@ class EnvService:
     async def list_envs(self) -> list[EnvSpec]:
         return list(self.env_specs.values())
 
+    def limits(self) -> dict[str, Any]:
+        """The limits this server holds every request to, on every transport (published at
+        GET /v1/limits, in GET /v1/envs and /health); docs/wire.md explains each."""
+        settings = self.settings
+        return {
+            "max_request_bytes": settings.max_request_bytes,
+            "max_batch_items": settings.max_batch_items,
+            "max_actions_per_step": settings.max_actions_per_step,
+            "max_forks_per_item": MAX_FORKS,
+            "max_sessions": settings.max_sessions,
+            "items_per_worker_message": settings.coalesce_max_items,
+            "seed": {"type": "integer", "minimum": 0, "maximum": SEED_LIMIT - 1},
+        }
+
+    def _check_batch(self, items: Sized, field: str = "items") -> None:
+        """Refuse a call of more items than `max_batch_items`, at once, naming the limit."""
+        limit = self.settings.max_batch_items
+        if len(items) > limit:
+            error = ServiceError(
+                "INVALID_ARGUMENT",
+                f"{field}: {len(items)} items in one call, over this server's limit of "
+                f"{limit} items per call (max_batch_items, GET /v1/limits); split the batch",
+                field,
+            )
+            self.metrics.errors.labels(error.code).inc()
+            raise error
+
     def _check_judge(self, reasoning: ReasoningConfig) -> ServiceError | None:
         """A judge endpoint must be one the operator allowed: the server sends requests
         (with an API key from its own environment) to it, so a client must not be able to
@@ -539,6 +661,7 @@ class EnvService:
     async def create(
         self, items: Sequence[SessionOptions | Mapping[str, Any]]
     ) -> list[SessionReply | ServiceError]:
+        self._check_batch(items)
         results: list[Any] = [None] * len(items)
         planned: dict[WorkerHandle, list[tuple[int, Session]]] = {}
         for pos, raw in enumerate(items):
@@ -583,7 +706,7 @@ class EnvService:
             for (pos, session), answer in zip(group, answers, strict=True):
                 results[pos] = answer
                 if isinstance(answer, SessionReply):
-                    session.last_reply = answer
+                    session.last_reply, results[pos] = writable(answer)
                     self.metrics.resets.labels(session.env).inc()
                 else:
                     self._forget(session)
@@ -604,6 +727,7 @@ class EnvService:
         def applied(item: ResetItem, session: Session, reply: SessionReply) -> None:
             session.step_index = 0
             session.last_reply = reply
+            session.last_step = None
             self.metrics.resets.labels(session.env).inc()
 
         return await self._session_call(ResetItem, items, message, applied)
@@ -613,10 +737,27 @@ class EnvService:
     ) -> list[SessionReply | ServiceError]:
         started = time.perf_counter()
 
+        most = self.settings.max_actions_per_step
+
         def precheck(item: StepItem, session: Session) -> SessionReply | ServiceError | None:
+            if item.actions is not None and len(item.actions) > most:
+                return ServiceError(
+                    "INVALID_ARGUMENT",
+                    f"actions: {len(item.actions)} actions in one step, over this server's "
+                    f"limit of {most} (max_actions_per_step, GET /v1/limits)",
+                    "actions",
+                )
             if item.step_index == session.step_index:
                 return None  # apply it
             if item.step_index == session.step_index - 1 and session.last_reply is not None:
+                if session.last_step is not None and _step_key(item) != session.last_step:
+                    return ServiceError(
+                        "INVALID_ARGUMENT",
+                        f"step_index {item.step_index} of {session.id} was already applied with "
+                        "a different body; a retry must resend the same body (it then gets the "
+                        f"stored reply), a new turn must use step_index {session.step_index}",
+                        "step_index",
+                    )
                 return session.last_reply  # a retry: answered from memory
             return ServiceError(
                 "FAILED_PRECONDITION",
@@ -632,6 +773,7 @@ class EnvService:
         def applied(item: StepItem, session: Session, reply: SessionReply) -> None:
             session.step_index += 1
             session.last_reply = reply
+            session.last_step = _step_key(item)
             self.metrics.steps.labels(session.env).inc()
 
         results = await self._session_call(StepItem, items, message, applied, precheck, self._grade)
@@ -639,6 +781,7 @@ class EnvService:
         return results
 
     async def get(self, session_ids: Sequence[str]) -> list[SessionReply | ServiceError]:
+        self._check_batch(session_ids, "session_ids")
         results: list[SessionReply | ServiceError] = []
         for session_id in session_ids:
             session = self._lookup(session_id)
@@ -654,6 +797,7 @@ class EnvService:
         return self._count_errors(results)
 
     async def close(self, session_ids: Sequence[str]) -> list[ServiceError | None]:
+        self._check_batch(session_ids, "session_ids")
         results: list[Any] = [None] * len(session_ids)
         planned: dict[WorkerHandle, list[tuple[int, Session]]] = {}
         for pos, session_id in enumerate(session_ids):
@@ -693,6 +837,7 @@ class EnvService:
         info["fork"] = {source, exact, tolerance}), or one error: CAPACITY when n more
         sessions don't fit under the cap, FAILED_PRECONDITION when the env can't snapshot.
         """
+        self._check_batch(items)
         results: list[Any] = [None] * len(items)
         targets: list[tuple[int, ForkItem, Session]] = []
         seen: set[str] = set()
@@ -743,6 +888,7 @@ class EnvService:
                     options=source.options,
                     reasoning=source.reasoning,
                     step_index=source.step_index,
+                    last_step=source.last_step,
                     busy=loop.create_future(),
                 )
                 self.sessions[fork.id] = fork  # reserved: counts towards the cap
@@ -836,6 +982,7 @@ class EnvService:
         """Validate, serialise per session, route one message per worker, record.
 
         `message(item, session)`: the worker message of an item."""
+        self._check_batch(items)
         results: list[Any] = [None] * len(items)
         targets: list[tuple[int, Any, Session]] = []
         seen: set[str] = set()
@@ -884,7 +1031,8 @@ class EnvService:
                 for (pos, item, session), answer in zip(group, answers, strict=True):
                     results[pos] = answer
                     if isinstance(answer, SessionReply):
-                        applied(item, session, answer)
+                        stored, results[pos] = writable(answer)
+                        applied(item, session, stored)
                     elif isinstance(answer, ServiceError) and answer.code == "INTERNAL":
                         # the worker dropped it (its env is in an unknown state): so do we
                         self._forget(session, ServiceError(
@@ -941,24 +1089,49 @@ class EnvService:
     async def _call(
         self, worker: WorkerHandle, batch: list[Message], envs: Iterable[str] = ()
     ) -> list:
-        """One message to a worker; if it dies, or does not answer within the deadline of
-        the environments involved (then it is killed and replaced), every item answers
+        """A batch for one worker, sent in pieces of at most `coalesce_max_items` messages,
+        one piece after another (other callers' requests go between them, so a big batch
+        does not hold up other sessions, and each piece finishes well inside the deadline).
+        If the worker dies, or spends longer than the deadline of the environments involved
+        on one message (then it is killed and replaced), the items not yet answered answer
         SESSION_LOST."""
         deadline = self.deadline(envs)
+        size = self.settings.coalesce_max_items
+        answers: list = []
+        for start in range(0, len(batch), size):
+            piece = batch[start : start + size]
+            got = await self._call_piece(worker, piece, deadline)
+            answers += got
+            if got and isinstance(got[0], ServiceError) and got[0].code == "SESSION_LOST":
+                return answers + [got[0]] * (len(batch) - len(answers))  # the worker is gone
+        return answers
+
+    async def _call_piece(self, worker: WorkerHandle, batch: list[Message], deadline: float):
+        loop = asyncio.get_running_loop()
+        request = asyncio.ensure_future(worker.request(batch, deadline))
         try:
-            answers = await asyncio.wait_for(worker.request(batch), deadline)
-        except TimeoutError:
-            op = type(batch[0]).__name__.lower()
-            self._kill_stuck(worker, op, deadline)
-            lost = ServiceError(
-                "SESSION_LOST",
-                f"the session's worker process did not answer {op} within {deadline:g} s "
-                "(a stuck environment?); it was killed and is being replaced: create a new session",
-            )
-            return [lost] * len(batch)
+            while True:
+                done, _ = await asyncio.wait({request}, timeout=min(1.0, deadline / 10))
+                if done:
+                    answers = request.result()
+                    break
+                if worker.stuck(loop.time()):
+                    op = type(batch[0]).__name__.lower()
+                    self._kill_stuck(worker, op, deadline)
+                    lost = ServiceError(
+                        "SESSION_LOST",
+                        f"the session's worker process did not answer {op} within "
+                        f"{deadline:g} s (no answer to any message for that long: a stuck "
+                        "environment?); it was killed and is being replaced: create a new "
+                        "session",
+                    )
+                    return [lost] * len(batch)
         except WorkerLost as exc:
             lost = ServiceError("SESSION_LOST", f"the session's worker process died: {exc}")
             return [lost] * len(batch)
+        finally:
+            if not request.done():  # our caller gave up: the queued piece is not sent
+                request.cancel()
         if isinstance(answers, ServiceError):  # the worker could not read the message
             return [answers] * len(batch)
         return answers
@@ -971,12 +1144,13 @@ class EnvService:
         )
 
     def _kill_stuck(self, worker: WorkerHandle, op: str, deadline: float) -> None:
+        if not worker.kill():
+            return
         log.error(
             "worker %d (pid %s) did not answer %s within %g s: killing it; its %d sessions are lost",
             worker.index, worker.pid, op, deadline, len(worker.sessions),
         )  # fmt: skip
         self.metrics.worker_timeouts.inc()
-        worker.kill()
 
     def _check_env(self, name: str) -> ServiceError | None:
         spec = self.env_specs.get(name)
@@ -1018,10 +1192,17 @@ class EnvService:
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
         session.worker.sessions.discard(session.id)
-        if reason is not None and self.settings.lost_memory > 0:
-            self._gone[session.id] = reason
-            while len(self._gone) > self.settings.lost_memory:
-                self._gone.popitem(last=False)
+        if reason is not None:
+            self._remember(session.id, reason)
+
+    def _remember(self, session_id: str, reason: ServiceError) -> None:
+        """What a later call on a session that is gone answers; the `lost_memory` latest."""
+        if self.settings.lost_memory <= 0:
+            return
+        self._gone[session_id] = reason
+        self._gone.move_to_end(session_id)
+        while len(self._gone) > self.settings.lost_memory:
+            self._gone.popitem(last=False)
 
     @staticmethod
     def _release(session: Session) -> None:
@@ -1080,10 +1261,15 @@ class EnvService:
         if not idle:
             return []
         ids = [s.id for s in idle]
-        await self.close(ids)
+        limit = self.settings.max_batch_items
+        for start in range(0, len(ids), limit):
+            await self.close(ids[start : start + limit])
         for session_id in ids:
-            self._gone[session_id] = ServiceError(
-                "NOT_FOUND", f"session {session_id} was closed after {timeout:g} s idle"
+            self._remember(
+                session_id,
+                ServiceError(
+                    "NOT_FOUND", f"session {session_id} was closed after {timeout:g} s idle"
+                ),
             )
         self.metrics.reaped.inc(len(ids))
         return ids

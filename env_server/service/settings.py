@@ -28,7 +28,23 @@ class Settings(BaseSettings):
         600.0, ge=0, description="Seconds before an idle session is closed (0: never)."
     )
     max_sessions: int = Field(4096, ge=1, description="Cap on open sessions (CAPACITY beyond).")
-    max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body.")
+    max_request_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=1024,
+        description="Largest request, on every transport (a REST body, a gRPC message).",
+    )
+    max_batch_items: int = Field(
+        4096,
+        ge=1,
+        description="Most items in one call (a batch create, reset, step, get, close or fork; "
+        "a gRPC request's items): a larger one is refused at once, naming this limit.",
+    )
+    max_actions_per_step: int = Field(
+        16,
+        ge=1,
+        description="Most explicit actions in one step item (every environment's per-turn limit "
+        "is smaller; those past that limit are reported in invalid_actions); more is refused.",
+    )
     token: str | None = Field(None, description="Bearer token required by every call but health.")
     start_method: str = Field("forkserver", description="multiprocessing start method of workers.")
     env_paths: dict[str, str] = Field(
@@ -48,9 +64,11 @@ class Settings(BaseSettings):
     deadline: float = Field(
         60.0,
         gt=0,
-        description="Seconds a worker may take to answer one message before it is taken for "
-        "stuck (an endless loop in an environment): it is killed and replaced, and its sessions "
-        "answer SESSION_LOST. Per environment family: `deadlines`.",
+        description="Seconds a worker may take to answer one message (at most "
+        "`coalesce_max_items` items) before it is taken for stuck (an endless loop in an "
+        "environment): it is killed and replaced, and its sessions answer SESSION_LOST. The "
+        "clock runs from the worker's last answer, so a worker working through a long queue of "
+        "messages is never taken for stuck. Per environment family: `deadlines`.",
     )
     deadlines: dict[str, float] = Field(
         default_factory=lambda: {"primitive_skill": 300.0, "navigation": 120.0},
@@ -82,9 +100,12 @@ class Settings(BaseSettings):
         "available, so no user's create pays for it (comma-separated; empty: none).",
     )
     coalesce_max_items: int = Field(
-        512,
+        64,
         ge=1,
-        description="Most items in one coalesced message to a worker (1: no coalescing).",
+        description="Most items in one message to a worker: a larger batch goes in pieces of "
+        "this size, one after another, so that each piece finishes well inside the deadline and "
+        "other sessions' requests are served between pieces; concurrent requests are coalesced "
+        "up to it (1: no coalescing).",
     )
 
     @field_validator("envs", "upstreams", "judge_urls", "prewarm", mode="before")

@@ -169,7 +169,7 @@ class Worker:
         except ServiceError as exc:
             return exc
         except EnvError as exc:
-            return ServiceError(exc.code, exc.message)
+            return ServiceError(exc.code, exc.message, exc.field)
         except ValidationError as exc:
             return ServiceError.from_validation(exc)
         except Exception as exc:  # a bug in an environment: INTERNAL for this item only
