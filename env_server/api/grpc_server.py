@@ -257,8 +257,10 @@ def build_grpc_server(service: EnvService, address: str, token: str | None) -> g
         ],
     )
     pb_grpc.add_VisenvServicer_to_server(VisenvServicer(service), server)
-    # overall health ("") answers SERVING while the server runs
-    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+    # overall health ("") answers SERVING while the server runs; `visenv.env.<name>` says
+    # whether an environment is ready (warmed up), kept in step by app.serve
+    server.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
+    health_pb2_grpc.add_HealthServicer_to_server(server.health, server)  # type: ignore[attr-defined]
     service_name = pb.DESCRIPTOR.services_by_name["Visenv"].full_name
     reflection.enable_server_reflection(
         (service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server

@@ -73,6 +73,7 @@ from .messages import (
     Step,
     Stepped,
     Stop,
+    Warmed,
 )
 from .metrics import Metrics
 from .models import (
@@ -132,8 +133,9 @@ class WorkerHandle:
         self.index = index
         self.preload = list(preload)  # envs whose modules the worker imports at start
         self.env_paths = dict(env_paths or {})
-        self.prewarm = list(prewarm)  # envs the worker warms up before it says ready
+        self.prewarm = list(prewarm)  # envs the worker warms up after it says Ready
         self.warmed: dict[str, float | str] = {}  # ... and how long each took (or why not)
+        self.warming: set[str] = set(self.prewarm)  # ... and those not warmed yet
         # coalescing (see `request`): requests queued while a message is in flight
         self.coalesce_window = coalesce_window
         self.coalesce_max_items = coalesce_max_items
@@ -178,14 +180,12 @@ class WorkerHandle:
         parent.close()
         self._reader, self._writer = await asyncio.open_unix_connection(sock=sock)
         try:
-            _, ready = pickle.loads(
-                await asyncio.wait_for(self._read(), timeout + 120.0 * len(self.prewarm))
-            )
+            _, ready = pickle.loads(await asyncio.wait_for(self._read(), timeout))
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError) as exc:
             self.process.kill()
             raise RuntimeError(f"worker {self.index} failed to start: {exc!r}") from exc
         assert isinstance(ready, Ready)
-        self.pid, self.warmed = ready.pid, ready.warmed
+        self.pid = ready.pid
         self.alive = True
         self._read_task = asyncio.create_task(self._read_loop(), name=f"worker-{self.index}-read")
 
@@ -200,6 +200,10 @@ class WorkerHandle:
         try:
             while True:
                 request_id, result = pickle.loads(await self._read())
+                if isinstance(result, Warmed):  # a notice: one env pre-warmed
+                    self.warmed[result.name] = result.took
+                    self.warming.discard(result.name)
+                    continue
                 future = self._pending.pop(request_id, None)
                 if future is not None and not future.done():
                     future.set_result(result)
@@ -543,9 +547,54 @@ class EnvService:
         self._stopping = False
         self._judges: dict[str, Judge] = {}  # one per distinct judge config
         self._guards: dict[str, ResponseGuard] = {}  # one per distinct guard config
+        # set once `start` has finished (or failed: then `_start_error`): the server listens
+        # before that, and calls made meanwhile wait for it (`_wait_started`)
+        self._started = asyncio.Event()
+        self._start_error: ServiceError | None = None
 
     # ---- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException as exc:
+            self._start_error = ServiceError("UNAVAILABLE", f"the server failed to start: {exc}")
+            raise
+        finally:
+            self._started.set()
+
+    async def _wait_started(self) -> None:
+        """Wait (briefly) until `start` has finished; UNAVAILABLE if it failed or takes long."""
+        if not self._started.is_set():
+            try:
+                await asyncio.wait_for(self._started.wait(), self.settings.deadline)
+            except TimeoutError:
+                raise ServiceError("UNAVAILABLE", "the server is still starting; retry") from None
+        if self._start_error is not None:
+            raise self._start_error
+
+    def envs_ready(self) -> dict[str, bool]:
+        """Per enabled environment: whether every running worker can serve it without a
+        warm-up (pre-warmed, or nothing to warm); False for all while the server starts."""
+        alive = [w for w in self.workers if w.alive]
+        started = self._started.is_set() and self._start_error is None and bool(alive)
+        return {
+            name: started and not any(name in w.warming for w in alive)
+            for name, spec in sorted(self.env_specs.items())
+            if spec.enabled
+        }
+
+    async def wait_ready(self, timeout: float | None = None) -> dict[str, bool]:
+        """Wait until every enabled environment is ready (or `timeout` s); `envs_ready()`."""
+        await asyncio.wait_for(self._started.wait(), timeout)
+        loop = asyncio.get_running_loop()
+        end = None if timeout is None else loop.time() + timeout
+        while not all((ready := self.envs_ready()).values()) and self._start_error is None:
+            if end is not None and loop.time() > end:
+                break
+            await asyncio.sleep(0.05)
+        return ready
+
+    async def _start(self) -> None:
         if self.settings.start_method == "forkserver":
             self._ctx.set_forkserver_preload(["env_server.service.worker"])
         self.workers = [self._worker_handle(i) for i in range(self.settings.workers)]
@@ -605,6 +654,7 @@ class EnvService:
 
     # ---- the API --------------------------------------------------------------------
     async def list_envs(self) -> list[EnvSpec]:
+        await self._wait_started()
         return list(self.env_specs.values())
 
     def limits(self) -> dict[str, Any]:
@@ -662,6 +712,7 @@ class EnvService:
         self, items: Sequence[SessionOptions | Mapping[str, Any]]
     ) -> list[SessionReply | ServiceError]:
         self._check_batch(items)
+        await self._wait_started()
         results: list[Any] = [None] * len(items)
         planned: dict[WorkerHandle, list[tuple[int, Session]]] = {}
         for pos, raw in enumerate(items):
@@ -781,6 +832,7 @@ class EnvService:
         return results
 
     async def get(self, session_ids: Sequence[str]) -> list[SessionReply | ServiceError]:
+        await self._wait_started()
         self._check_batch(session_ids, "session_ids")
         results: list[SessionReply | ServiceError] = []
         for session_id in session_ids:
@@ -797,6 +849,7 @@ class EnvService:
         return self._count_errors(results)
 
     async def close(self, session_ids: Sequence[str]) -> list[ServiceError | None]:
+        await self._wait_started()
         self._check_batch(session_ids, "session_ids")
         results: list[Any] = [None] * len(session_ids)
         planned: dict[WorkerHandle, list[tuple[int, Session]]] = {}
@@ -837,6 +890,7 @@ class EnvService:
         info["fork"] = {source, exact, tolerance}), or one error: CAPACITY when n more
         sessions don't fit under the cap, FAILED_PRECONDITION when the env can't snapshot.
         """
+        await self._wait_started()
         self._check_batch(items)
         results: list[Any] = [None] * len(items)
         targets: list[tuple[int, ForkItem, Session]] = []
@@ -944,6 +998,7 @@ class EnvService:
         return session.guard
 
     async def frame(self, session_id: str) -> bytes:
+        await self._wait_started()
         session = self._lookup(session_id)
         if isinstance(session, ServiceError):
             raise session
@@ -954,8 +1009,19 @@ class EnvService:
         return answer
 
     async def health(self) -> dict[str, Any]:
+        ready = self.envs_ready()
+        if not self._started.is_set():
+            status = "starting"
+        elif self._start_error is not None or not any(w.alive for w in self.workers):
+            status = "degraded"
+        else:
+            status = "ok" if all(ready.values()) else "warming"
         return {
-            "status": "ok" if any(w.alive for w in self.workers) else "degraded",
+            "status": status,
+            # per enabled environment: served without a warm-up (a startup/readiness probe
+            # waits for the ones it needs; `status` is "ok" once all are)
+            "ready": ready,
+            "limits": self.limits(),
             "sessions": len(self.sessions),
             "max_sessions": self.settings.max_sessions,
             "idle_timeout_s": self.settings.idle_timeout,
@@ -982,6 +1048,7 @@ class EnvService:
         """Validate, serialise per session, route one message per worker, record.
 
         `message(item, session)`: the worker message of an item."""
+        await self._wait_started()
         self._check_batch(items)
         results: list[Any] = [None] * len(items)
         targets: list[tuple[int, Any, Session]] = []
