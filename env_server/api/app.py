@@ -107,6 +107,7 @@ async def serve(settings: Settings, announce: Callable[[str], None] = print) -> 
             max_sessions=settings.max_sessions,
             idle_timeout=settings.idle_timeout,
             vagen_legacy=settings.vagen_legacy,
+            legacy_max_sessions=settings.legacy_cap,
         )
         http_sock = _bind(settings.host, settings.port)
         http_port = http_sock.getsockname()[1]

@@ -157,6 +157,30 @@ class GuardMiddleware:
         await self.app(scope, replay, send)
 
 
+class StartedMiddleware:
+    """Pure ASGI middleware: the server listens before its service has started (workers
+    importing their environments); a request other than /health, /metrics and the static
+    pages waits for the start (UNAVAILABLE if it failed), so every route, the peers'
+    adapters included, sees a started service."""
+
+    WITHOUT = ("/health", "/metrics", "/play", "/static/", "/docs", "/openapi.json", "/favicon.ico")
+
+    def __init__(self, app: ASGIApp, service: Any) -> None:
+        self.app = app
+        self.wait = getattr(service, "wait_started", None)  # a gateway starts before serving
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.wait is not None and scope["type"] in ("http", "websocket"):
+            if not scope["path"].startswith(self.WITHOUT) and scope["path"] != "/":
+                try:
+                    await self.wait()
+                except ServiceError as error:
+                    if scope["type"] == "websocket":
+                        return await _refuse_websocket(scope, receive, send, error)
+                    return await error_response(error)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
 class InternalErrorMiddleware:
     """Pure ASGI middleware, outermost: an unexpected exception anywhere in the app (a bug,
     e.g. a reply that can't be encoded) answers a structured INTERNAL error with an id that
@@ -231,6 +255,7 @@ def build_app(
     app.add_middleware(
         GuardMiddleware, token=token, max_bytes=max_request_bytes, open_prefixes=open_prefixes
     )
+    app.add_middleware(StartedMiddleware, service=service)
     app.add_middleware(InternalErrorMiddleware, metrics=service.metrics)  # the outermost
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 

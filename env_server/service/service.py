@@ -548,7 +548,7 @@ class EnvService:
         self._judges: dict[str, Judge] = {}  # one per distinct judge config
         self._guards: dict[str, ResponseGuard] = {}  # one per distinct guard config
         # set once `start` has finished (or failed: then `_start_error`): the server listens
-        # before that, and calls made meanwhile wait for it (`_wait_started`)
+        # before that, and calls made meanwhile wait for it (`wait_started`)
         self._started = asyncio.Event()
         self._start_error: ServiceError | None = None
 
@@ -562,7 +562,7 @@ class EnvService:
         finally:
             self._started.set()
 
-    async def _wait_started(self) -> None:
+    async def wait_started(self) -> None:
         """Wait (briefly) until `start` has finished; UNAVAILABLE if it failed or takes long."""
         if not self._started.is_set():
             try:
@@ -654,7 +654,7 @@ class EnvService:
 
     # ---- the API --------------------------------------------------------------------
     async def list_envs(self) -> list[EnvSpec]:
-        await self._wait_started()
+        await self.wait_started()
         return list(self.env_specs.values())
 
     def limits(self) -> dict[str, Any]:
@@ -712,7 +712,7 @@ class EnvService:
         self, items: Sequence[SessionOptions | Mapping[str, Any]]
     ) -> list[SessionReply | ServiceError]:
         self._check_batch(items)
-        await self._wait_started()
+        await self.wait_started()
         results: list[Any] = [None] * len(items)
         planned: dict[WorkerHandle, list[tuple[int, Session]]] = {}
         for pos, raw in enumerate(items):
@@ -832,7 +832,7 @@ class EnvService:
         return results
 
     async def get(self, session_ids: Sequence[str]) -> list[SessionReply | ServiceError]:
-        await self._wait_started()
+        await self.wait_started()
         self._check_batch(session_ids, "session_ids")
         results: list[SessionReply | ServiceError] = []
         for session_id in session_ids:
@@ -849,7 +849,7 @@ class EnvService:
         return self._count_errors(results)
 
     async def close(self, session_ids: Sequence[str]) -> list[ServiceError | None]:
-        await self._wait_started()
+        await self.wait_started()
         self._check_batch(session_ids, "session_ids")
         results: list[Any] = [None] * len(session_ids)
         planned: dict[WorkerHandle, list[tuple[int, Session]]] = {}
@@ -890,7 +890,7 @@ class EnvService:
         info["fork"] = {source, exact, tolerance}), or one error: CAPACITY when n more
         sessions don't fit under the cap, FAILED_PRECONDITION when the env can't snapshot.
         """
-        await self._wait_started()
+        await self.wait_started()
         self._check_batch(items)
         results: list[Any] = [None] * len(items)
         targets: list[tuple[int, ForkItem, Session]] = []
@@ -998,7 +998,7 @@ class EnvService:
         return session.guard
 
     async def frame(self, session_id: str) -> bytes:
-        await self._wait_started()
+        await self.wait_started()
         session = self._lookup(session_id)
         if isinstance(session, ServiceError):
             raise session
@@ -1048,7 +1048,7 @@ class EnvService:
         """Validate, serialise per session, route one message per worker, record.
 
         `message(item, session)`: the worker message of an item."""
-        await self._wait_started()
+        await self.wait_started()
         self._check_batch(items)
         results: list[Any] = [None] * len(items)
         targets: list[tuple[int, Any, Session]] = []

@@ -84,6 +84,13 @@ class Settings(BaseSettings):
         "credentials, so those routes take no token: anyone who reaches the port can open "
         "sessions (up to the cap). Enable only on a trusted network.",
     )
+    vagen_legacy_max_sessions: int | None = Field(
+        None,
+        ge=1,
+        description="Cap on the legacy adapter's anonymous sessions, apart from the server's "
+        "(they count towards max_sessions too), so that they can't lock out token holders "
+        "(default: half of max_sessions).",
+    )
     coalesce_window: float = Field(
         0.01,
         ge=0,
@@ -114,6 +121,11 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [v.strip() for v in value.split(",") if v.strip()] or None
         return value
+
+    @property
+    def legacy_cap(self) -> int:
+        """The legacy adapter's own cap on sessions (`vagen_legacy_max_sessions`)."""
+        return self.vagen_legacy_max_sessions or max(1, self.max_sessions // 2)
 
     @field_validator("token", mode="before")
     @classmethod
