@@ -1156,14 +1156,15 @@ class EnvService:
     async def _call(
         self, worker: WorkerHandle, batch: list[Message], envs: Iterable[str] = ()
     ) -> list:
-        """A batch for one worker, sent in pieces of at most `coalesce_max_items` messages,
+        """A batch for one worker, sent in pieces of at most `piece_items` messages,
         one piece after another (other callers' requests go between them, so a big batch
         does not hold up other sessions, and each piece finishes well inside the deadline).
         If the worker dies, or spends longer than the deadline of the environments involved
         on one message (then it is killed and replaced), the items not yet answered answer
         SESSION_LOST."""
+        envs = list(envs)
         deadline = self.deadline(envs)
-        size = self.settings.coalesce_max_items
+        size = self.piece_items(envs)
         answers: list = []
         for start in range(0, len(batch), size):
             piece = batch[start : start + size]
@@ -1202,6 +1203,11 @@ class EnvService:
         if isinstance(answers, ServiceError):  # the worker could not read the message
             return [answers] * len(batch)
         return answers
+
+    def piece_items(self, envs: Iterable[str] = ()) -> int:
+        """Items per message of a batch about `envs` (the smallest of theirs)."""
+        most = self.settings.coalesce_max_items
+        return min((self.settings.piece_items.get(e, most) for e in envs), default=most)
 
     def deadline(self, envs: Iterable[str] = ()) -> float:
         """Seconds a worker may take for one message about `envs` (the longest of theirs)."""

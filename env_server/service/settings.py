@@ -75,6 +75,12 @@ class Settings(BaseSettings):
         description="Per-environment deadlines (JSON: env name -> seconds) over `deadline`; a "
         "message for several environments gets the longest. A ManiSkill primitive takes seconds.",
     )
+    piece_items: dict[str, int] = Field(
+        default_factory=lambda: {"primitive_skill": 8, "navigation": 16},
+        description="Per-environment items per worker message (JSON: env name -> items), "
+        "under `coalesce_max_items`, for environments whose items take seconds each, so that "
+        "a piece of a batch stays well inside their deadline.",
+    )
     lost_memory: int = Field(
         100_000, ge=0, description="Lost session ids remembered to answer SESSION_LOST."
     )
