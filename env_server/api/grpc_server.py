@@ -36,6 +36,7 @@ from visenv.v1 import visenv_pb2_grpc as pb_grpc
 log = logging.getLogger("visenv.grpc")
 
 MAX_SEND_BYTES = 256 * 1024 * 1024  # replies: large batches of images
+OFFLOAD_ITEMS = 64  # batch replies longer than this are built in a thread
 # calls that never need the token
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
 
@@ -97,6 +98,14 @@ async def _per_item(
     return results
 
 
+async def _batch_reply(results: list[Any]) -> pb.BatchResponse:
+    """The proto reply; a training-sized one is built off the event loop, so that other
+    sessions' calls are answered meanwhile."""
+    if len(results) <= OFFLOAD_ITEMS:
+        return wire.batch_to_proto(results)
+    return await asyncio.to_thread(wire.batch_to_proto, results)
+
+
 # ---- the servicer ----------------------------------------------------------------------
 
 
@@ -146,21 +155,19 @@ class VisenvServicer(pb_grpc.VisenvServicer):
     async def Create(
         self, request: pb.CreateRequest, context: grpc.aio.ServicerContext
     ) -> pb.BatchResponse:
-        return wire.batch_to_proto(
-            await _per_item(request.items, options_item, self.service.create)
-        )
+        return await _batch_reply(await _per_item(request.items, options_item, self.service.create))
 
     @_guarded
     async def Reset(
         self, request: pb.ResetRequest, context: grpc.aio.ServicerContext
     ) -> pb.BatchResponse:
-        return wire.batch_to_proto(await _per_item(request.items, reset_item, self.service.reset))
+        return await _batch_reply(await _per_item(request.items, reset_item, self.service.reset))
 
     @_guarded
     async def Step(
         self, request: pb.StepRequest, context: grpc.aio.ServicerContext
     ) -> pb.BatchResponse:
-        return wire.batch_to_proto(await _per_item(request.items, step_item, self.service.step))
+        return await _batch_reply(await _per_item(request.items, step_item, self.service.step))
 
     @_guarded
     async def Get(

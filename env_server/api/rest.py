@@ -10,6 +10,7 @@ the field; bodies over the limit are 413; a missing or wrong bearer token is 401
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -55,6 +56,7 @@ def replies(model: Any) -> dict[str, Any]:
     return {"response_model": None, "responses": {200: {"model": model}, **ERRORS}}
 
 
+OFFLOAD_ITEMS = 64  # batch replies longer than this are written in a thread
 ONE = replies(wire.SessionReply)
 BATCH = replies(wire.BatchResponse)
 OPEN_PATHS = ("/health", "/play", "/static/", "/docs", "/openapi.json", "/favicon.ico")
@@ -284,8 +286,26 @@ def build_app(
             return error_response(result)
         return JSONResponse(result.to_json())
 
-    def batch(results: list) -> JSONResponse:
-        return JSONResponse({"results": [wire.batch_item_json(r) for r in results]})
+    async def batch(results: list) -> Response:
+        if len(results) <= OFFLOAD_ITEMS:
+            return JSONResponse({"results": [wire.batch_item_json(r) for r in results]})
+
+        # a training-sized reply (tens of MB of JSON) is written off the event loop, item by
+        # item (one json.dumps call over all of it would hold the GIL throughout), so that
+        # other sessions' calls are answered meanwhile
+        def render() -> bytes:
+            items = (
+                json.dumps(
+                    wire.batch_item_json(r),
+                    ensure_ascii=False,
+                    allow_nan=False,
+                    separators=(",", ":"),
+                )  # fmt: skip
+                for r in results
+            )
+            return ('{"results":[' + ",".join(items) + "]}").encode()
+
+        return Response(await asyncio.to_thread(render), media_type="application/json")
 
     @app.get("/health", tags=["server"])
     async def health() -> dict[str, Any]:
@@ -365,15 +385,15 @@ def build_app(
 
     @app.post("/v1/batch/create", tags=["batch"], **BATCH)
     async def batch_create(body: BatchCreate) -> JSONResponse:
-        return batch(await service.create(body.items))
+        return await batch(await service.create(body.items))
 
     @app.post("/v1/batch/reset", tags=["batch"], **BATCH)
     async def batch_reset(body: BatchReset) -> JSONResponse:
-        return batch(await service.reset(body.items))
+        return await batch(await service.reset(body.items))
 
     @app.post("/v1/batch/step", tags=["batch"], **BATCH)
     async def batch_step(body: BatchStep) -> JSONResponse:
-        return batch(await service.step(body.items))
+        return await batch(await service.step(body.items))
 
     @app.post(
         "/v1/batch/fork",

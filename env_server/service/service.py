@@ -667,7 +667,7 @@ class EnvService:
             "max_actions_per_step": settings.max_actions_per_step,
             "max_forks_per_item": MAX_FORKS,
             "max_sessions": settings.max_sessions,
-            "items_per_worker_message": settings.coalesce_max_items,
+            "items_per_worker_message": self.piece_items(),
             "seed": {"type": "integer", "minimum": 0, "maximum": SEED_LIMIT - 1},
         }
 
@@ -1206,8 +1206,9 @@ class EnvService:
 
     def piece_items(self, envs: Iterable[str] = ()) -> int:
         """Items per message of a batch about `envs` (the smallest of theirs)."""
-        most = self.settings.coalesce_max_items
-        return min((self.settings.piece_items.get(e, most) for e in envs), default=most)
+        pieces, most = self.settings.piece_items, self.settings.coalesce_max_items
+        other = min(pieces.get("*", most), most)
+        return min((min(pieces.get(e, other), most) for e in envs), default=other)
 
     def deadline(self, envs: Iterable[str] = ()) -> float:
         """Seconds a worker may take for one message about `envs` (the longest of theirs)."""
