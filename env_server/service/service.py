@@ -118,6 +118,7 @@ class WorkerHandle:
 
     CONCURRENT = 4  # requests finding the worker busy ...
     CONCURRENT_SPAN = 0.5  # ... within this many seconds: concurrent traffic (coalesce_window)
+    PREWARM_ALLOWANCE = 180.0  # seconds one environment's pre-warm may take (see `stuck`)
 
     def __init__(
         self,
@@ -203,6 +204,7 @@ class WorkerHandle:
                 if isinstance(result, Warmed):  # a notice: one env pre-warmed
                     self.warmed[result.name] = result.took
                     self.warming.discard(result.name)
+                    self._progress_at = asyncio.get_running_loop().time()  # progress too
                     continue
                 future = self._pending.pop(request_id, None)
                 if future is not None and not future.done():
@@ -271,7 +273,12 @@ class WorkerHandle:
         """Whether the worker has spent longer than its deadline on one message: the clock
         runs from its last answer (or from the send, if it was idle), so a worker answering
         message after message of a long batch is busy, never stuck."""
-        return bool(self._deadlines) and now - self._progress_at > self._deadlines[0]
+        if not self._deadlines:
+            return False
+        # while it pre-warms an environment (a simulator's start-up: a minute), a message
+        # waits behind that: allowed on top of the deadline
+        allowance = self.PREWARM_ALLOWANCE if self.warming else 0.0
+        return now - self._progress_at > self._deadlines[0] + allowance
 
     def concurrent(self, now: float) -> bool:
         """Whether concurrent callers are using this worker now (see `request`)."""

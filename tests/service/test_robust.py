@@ -334,8 +334,10 @@ def test_big_batch_in_pieces_while_other_sessions_are_served(start_visenv_server
     server = start_visenv_server(
         envs="tiny",
         max_sessions=1000,
-        extra_env={"VISENV_DEADLINES": json.dumps({"tiny": 1.0}),
-                   "VISENV_COALESCE_MAX_ITEMS": "4"},  # fmt: skip
+        extra_env={
+            "VISENV_DEADLINES": json.dumps({"tiny": 1.0}),
+            "VISENV_COALESCE_MAX_ITEMS": "4",
+        },  # fmt: skip
     )
     import threading
 
@@ -370,3 +372,23 @@ def test_big_batch_in_pieces_while_other_sessions_are_served(start_visenv_server
         ids = [r["reply"]["session_id"] for r in results]
         assert all(r["ok"] for r in c.post("/v1/batch/close", json={"session_ids": ids}).json()[
             "results"])  # fmt: skip
+
+
+def test_health_reports_each_environments_readiness(http, server):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    health = http.get("/health").json()
+    assert health["status"] == "ok"
+    assert health["ready"] == {"frozenlake": True, "sokoban": True, "tiny": True}
+    with grpc.insecure_channel(server.grpc) as channel:
+        check = health_pb2_grpc.HealthStub(channel).Check
+        deadline = time.monotonic() + 10  # app.serve copies readiness every 0.5 s
+        while True:
+            try:
+                status = check(health_pb2.HealthCheckRequest(service="visenv.env.tiny")).status
+            except grpc.RpcError:  # not set yet: NOT_FOUND
+                status = None
+            if status == health_pb2.HealthCheckResponse.SERVING or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert status == health_pb2.HealthCheckResponse.SERVING
