@@ -392,3 +392,12 @@ def test_health_reports_each_environments_readiness(http, server):
                 break
             time.sleep(0.2)
         assert status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_narrow_seeds_are_derived_deterministically():
+    from env_server.core.env import SEED_LIMIT, narrow_seed
+
+    assert narrow_seed(5, 32) == 5 and narrow_seed(2**32 - 1, 32) == 2**32 - 1
+    derived = [narrow_seed(s, 32) for s in (2**32, 2**40, SEED_LIMIT - 1)]
+    assert all(0 <= d < 2**32 for d in derived) and len(set(derived)) == 3
+    assert derived == [narrow_seed(s, 32) for s in (2**32, 2**40, SEED_LIMIT - 1)]
