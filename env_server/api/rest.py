@@ -161,9 +161,9 @@ class GuardMiddleware:
 
 class StartedMiddleware:
     """Pure ASGI middleware: the server listens before its service has started (workers
-    importing their environments); a request other than /health, /metrics and the static
-    pages waits for the start (UNAVAILABLE if it failed), so every route, the peers'
-    adapters included, sees a started service."""
+    importing their environments); a request other than a health check (/health, the
+    adapters' .../health), /metrics and the static pages waits for the start (UNAVAILABLE
+    if it failed), so every route, the peers' adapters included, sees a started service."""
 
     WITHOUT = ("/health", "/metrics", "/play", "/static/", "/docs", "/openapi.json", "/favicon.ico")
 
@@ -173,7 +173,8 @@ class StartedMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.wait is not None and scope["type"] in ("http", "websocket"):
-            if not scope["path"].startswith(self.WITHOUT) and scope["path"] != "/":
+            path = scope["path"]
+            if not path.startswith(self.WITHOUT) and path != "/" and not path.endswith("/health"):
                 try:
                     await self.wait()
                 except ServiceError as error:
@@ -410,10 +411,14 @@ def build_app(
         return JSONResponse({"results": [wire.close_item_json(e) for e in results]})
 
     def openapi() -> dict[str, Any]:  # built on first use: routes added later are in it
-        if not app.openapi_schema:
-            enabled = sorted(n for n, spec in service.env_specs.items() if spec.enabled)
-            app.openapi_schema = with_session_links(FastAPI.openapi(app), enabled)
-        return app.openapi_schema
+        if app.openapi_schema:
+            return app.openapi_schema
+        enabled = sorted(n for n, spec in service.env_specs.items() if spec.enabled)
+        schema = with_session_links(FastAPI.openapi(app), enabled)
+        app.openapi_schema = None  # FastAPI.openapi keeps its own: kept below once complete
+        if enabled or getattr(service, "wait_started", None) is None:
+            app.openapi_schema = schema  # (not while the service starts: its envs come then)
+        return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
