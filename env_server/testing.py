@@ -591,6 +591,9 @@ class TinyConfig(EnvConfig):
     """Options of the tiny corridor."""
 
     length: int = Field(4, ge=2, le=32, description="Cells in the corridor.")
+    reset_delay: float = Field(
+        0.0, ge=0, le=1, description="Seconds each reset takes (a slow environment)."
+    )
 
 
 TINY_CELL = 8  # pixels per cell side
@@ -605,8 +608,8 @@ class TinyEnv(Environment):
     A real environment for testing a server's failure paths, which real environments
     should never take: the action `Crash` raises inside `step` (an environment bug),
     `Exit` kills the worker process, `Hang` never returns (a stuck environment), seed 666
-    makes `reset` raise, and seed 667 puts an object no JSON can hold into the ground
-    truth. Tests register it by its import path: `{"tiny": "env_server.testing:TinyEnv"}`
+    makes `reset` raise, seed 667 puts an object no JSON can hold into the ground
+    truth, and seed 668 a NaN once the player has moved (a reply that can't be written). Tests register it by its import path: `{"tiny": "env_server.testing:TinyEnv"}`
     (`Settings.env_paths`, or `VISENV_ENV_PATHS` for a `visenv serve`).
     """
 
@@ -623,7 +626,10 @@ class TinyEnv(Environment):
     def _reset(self, seed: int) -> Observation:
         if seed == 666:
             raise RuntimeError("tiny env failed to reset on purpose")
+        time.sleep(self.config.reset_delay)
         self.unencodable = seed == 667
+        self.nan_after_move = seed == 668
+        self.start = seed % (self.config.length - 1)
         self.pos = seed % (self.config.length - 1)
         return self._obs()
 
@@ -664,6 +670,8 @@ class TinyEnv(Environment):
         state: dict[str, Any] = {"player": [0, self.pos], "goal": [0, self.config.length - 1]}
         if self.unencodable:
             state["thing"] = object()
+        if getattr(self, "nan_after_move", False) and self.pos != self.start:
+            state["distance"] = float("nan")
         return state
 
     def describe(self, state: dict[str, Any], representation: Representation) -> str:

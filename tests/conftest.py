@@ -151,9 +151,13 @@ def _wait_ready(proc, lines, found, token, deadline) -> VisenvServer:
             raise RuntimeError("visenv serve did not start:\n" + "".join(lines))
         time.sleep(0.05)
     server = VisenvServer(proc, found[0][1], found[0][2], token, lines)
-    while True:  # the socket listens already; wait until the app answers
+    while True:  # the socket listens already; wait until the service has started and warmed
         try:
-            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+            health = httpx.get(server.url + "/health", timeout=2)
+            if health.status_code == 200 and health.json()["status"] not in (
+                "starting",
+                "warming",
+            ):
                 return server
         except httpx.HTTPError:
             pass

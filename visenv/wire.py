@@ -798,11 +798,32 @@ class CloseResponse(TypedDict):
     """One per session id, in order."""
 
 
+class Limits(TypedDict):
+    """The limits a server holds every request to, on every transport (GET /v1/limits)."""
+
+    max_request_bytes: int
+    """Largest request: a REST body, a gRPC message (413 / RESOURCE_EXHAUSTED beyond)."""
+    max_batch_items: int
+    """Most items in one call; a larger call is refused whole (INVALID_ARGUMENT, `items`)."""
+    max_actions_per_step: int
+    """Most explicit actions in one step item (INVALID_ARGUMENT, `actions`, beyond)."""
+    max_forks_per_item: int
+    """Most copies one fork item may ask for."""
+    max_sessions: int
+    """Most sessions this server holds at once (CAPACITY beyond)."""
+    items_per_worker_message: int
+    """A batch is worked through in pieces of this many items."""
+    seed: dict[str, Any]
+    """Every environment's seed rule: {type: integer, minimum, maximum}."""
+
+
 class ListEnvsResponse(TypedDict):
     """The environments this server knows."""
 
     envs: list[EnvSpec]
     """Every registered environment, with whether it is enabled and available here."""
+    limits: NotRequired[Limits]
+    """The limits this server holds every request to (as GET /v1/limits)."""
 
 
 class ErrorReply(TypedDict):

@@ -2,9 +2,11 @@
 
     asyncio.run(serve(Settings(port=8000, grpc_port=50051)))
 
-`serve` binds both ports first (port 0 picks a free one), prints where everything is
-(one line starting `visenv serving` that tests and scripts can read), then runs until
-SIGINT/SIGTERM and shuts down the workers.
+`serve` binds both ports first (port 0 picks a free one) and serves at once, prints where
+everything is (one line starting `visenv serving` that tests and scripts can read), then
+starts the workers behind it (calls made meanwhile wait for them; the environments warm up
+after that, /health and gRPC health say which are ready, and a line `visenv ready` says
+when all are), and runs until SIGINT/SIGTERM and shuts down the workers.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -64,6 +67,31 @@ def _load_grpc() -> tuple[Callable[..., Any] | None, str | None]:
     return build_grpc_server, None
 
 
+async def _announce_ready(
+    service: Any, announce: Callable[[str], None], grpc_server: Any, started_at: float
+) -> None:
+    """Keep gRPC health's per-environment statuses (service `visenv.env.<name>`) in step
+    with the service's readiness, and say once every environment is ready."""
+    from grpc_health.v1 import health_pb2
+
+    said = False
+    while True:
+        ready = service.envs_ready() if hasattr(service, "envs_ready") else {}
+        health = getattr(grpc_server, "health", None)
+        if health is not None:
+            for name, ok in ready.items():
+                status = health_pb2.HealthCheckResponse.SERVING if ok else (
+                    health_pb2.HealthCheckResponse.NOT_SERVING
+                )  # fmt: skip
+                await health.set(f"visenv.env.{name}", status)
+        if all(ready.values()) and not said:
+            said = True
+            took = time.monotonic() - started_at
+            announce(f"visenv ready: every environment warm after {took:.1f} s")
+            sys.stdout.flush()
+        await asyncio.sleep(0.5)
+
+
 async def serve(settings: Settings, announce: Callable[[str], None] = print) -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # errors carry their ids there
     if settings.upstreams:  # gateway mode: the sessions live on the upstream servers
@@ -71,10 +99,10 @@ async def serve(settings: Settings, announce: Callable[[str], None] = print) -> 
             settings.upstreams, settings.token, lost_after=settings.upstream_lost_after
         )
         where = f"upstreams {', '.join(settings.upstreams)}"
+        await service.start()  # quick: channels to the upstreams
     else:
         service = EnvService(settings)
         where = f"workers {settings.workers}"
-    await service.start()
     grpc_server = None
     try:
         legacy = (LEGACY_PREFIX,) if settings.vagen_legacy else ()
@@ -85,6 +113,7 @@ async def serve(settings: Settings, announce: Callable[[str], None] = print) -> 
             max_sessions=settings.max_sessions,
             idle_timeout=settings.idle_timeout,
             vagen_legacy=settings.vagen_legacy,
+            legacy_max_sessions=settings.legacy_cap,
         )
         http_sock = _bind(settings.host, settings.port)
         http_port = http_sock.getsockname()[1]
@@ -108,17 +137,29 @@ async def serve(settings: Settings, announce: Callable[[str], None] = print) -> 
             await grpc_server.start()
             grpc_line = f"gRPC {_url_host(settings.host)}:{grpc_port}"
 
+        # serve at once: the addresses now, the environments' warm-up behind them (calls
+        # made meanwhile wait for the workers; /health and gRPC health say what is ready)
+        http_task = asyncio.create_task(server.serve(sockets=[http_sock]))
         base = f"http://{_url_host(settings.host)}:{http_port}"
-        envs = ", ".join(sorted(n for n, s in service.env_specs.items() if s.enabled)) or "none"
+        envs = ", ".join(settings.envs or ()) or "every one available"
         announce(
             f"visenv serving: HTTP {base}  {grpc_line}  docs {base}/docs  play {base}/play  "
-            f"{where}  envs {envs}"
+            f"{where}  envs {envs} (warming up: {base}/health says when each is ready)"
         )
+        sys.stdout.flush()
+        started_at = time.monotonic()
+        try:
+            if isinstance(service, EnvService):
+                await service.start()
+        except BaseException:
+            server.should_exit = True
+            await asyncio.gather(http_task, return_exceptions=True)
+            raise
         for name in () if settings.upstreams else settings.envs or ():
             spec = service.env_specs[name]
             if not spec.available:
                 announce(f"warning: {name} is unavailable here: {spec.unavailable_reason}")
-        sys.stdout.flush()
+        watch = asyncio.create_task(_announce_ready(service, announce, grpc_server, started_at))
 
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -130,6 +171,7 @@ async def serve(settings: Settings, announce: Callable[[str], None] = print) -> 
         server.should_exit = True
         await asyncio.gather(http_task, return_exceptions=True)
         stop_task.cancel()
+        watch.cancel()
     finally:
         if grpc_server is not None:
             await grpc_server.stop(grace=2)

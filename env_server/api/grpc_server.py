@@ -28,6 +28,7 @@ from grpc_reflection.v1alpha import reflection
 
 from env_server.service.models import ServiceError
 from env_server.service.service import EnvService
+from env_server.service.settings import Settings
 from visenv import wire
 from visenv.v1 import visenv_pb2 as pb
 from visenv.v1 import visenv_pb2_grpc as pb_grpc
@@ -35,7 +36,7 @@ from visenv.v1 import visenv_pb2_grpc as pb_grpc
 log = logging.getLogger("visenv.grpc")
 
 MAX_SEND_BYTES = 256 * 1024 * 1024  # replies: large batches of images
-MIN_RECEIVE_BYTES = 64 * 1024 * 1024  # requests: many long responses (SVG documents)
+OFFLOAD_ITEMS = 64  # batch replies longer than this are built in a thread
 # calls that never need the token
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
 
@@ -97,6 +98,14 @@ async def _per_item(
     return results
 
 
+async def _batch_reply(results: list[Any]) -> pb.BatchResponse:
+    """The proto reply; a training-sized one is built off the event loop, so that other
+    sessions' calls are answered meanwhile."""
+    if len(results) <= OFFLOAD_ITEMS:
+        return wire.batch_to_proto(results)
+    return await asyncio.to_thread(wire.batch_to_proto, results)
+
+
 # ---- the servicer ----------------------------------------------------------------------
 
 
@@ -137,27 +146,28 @@ class VisenvServicer(pb_grpc.VisenvServicer):
         self, request: pb.ListEnvsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListEnvsResponse:
         specs = await self.service.list_envs()
-        return pb.ListEnvsResponse(envs=[spec.to_proto() for spec in specs])
+        limits = self.service.limits() if hasattr(self.service, "limits") else {}
+        return pb.ListEnvsResponse(
+            envs=[spec.to_proto() for spec in specs], limits_json=json.dumps(limits)
+        )
 
     @_guarded
     async def Create(
         self, request: pb.CreateRequest, context: grpc.aio.ServicerContext
     ) -> pb.BatchResponse:
-        return wire.batch_to_proto(
-            await _per_item(request.items, options_item, self.service.create)
-        )
+        return await _batch_reply(await _per_item(request.items, options_item, self.service.create))
 
     @_guarded
     async def Reset(
         self, request: pb.ResetRequest, context: grpc.aio.ServicerContext
     ) -> pb.BatchResponse:
-        return wire.batch_to_proto(await _per_item(request.items, reset_item, self.service.reset))
+        return await _batch_reply(await _per_item(request.items, reset_item, self.service.reset))
 
     @_guarded
     async def Step(
         self, request: pb.StepRequest, context: grpc.aio.ServicerContext
     ) -> pb.BatchResponse:
-        return wire.batch_to_proto(await _per_item(request.items, step_item, self.service.step))
+        return await _batch_reply(await _per_item(request.items, step_item, self.service.step))
 
     @_guarded
     async def Get(
@@ -241,9 +251,10 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
 def build_grpc_server(service: EnvService, address: str, token: str | None) -> grpc.aio.Server:
     """A grpc.aio server (not started) serving visenv.v1, health and reflection on
     `address` ("host:port"; port 0 picks a free one, found afterwards in `server.port`)."""
-    receive = max(
-        MIN_RECEIVE_BYTES, getattr(getattr(service, "settings", None), "max_request_bytes", 0) or 0
-    )
+    # requests: the same limit as REST's bodies (Settings.max_request_bytes; a gateway
+    # passes its requests on to servers that hold theirs)
+    settings = getattr(service, "settings", None)
+    receive = getattr(settings, "max_request_bytes", None) or Settings().max_request_bytes
     server = grpc.aio.server(
         interceptors=[TokenInterceptor(token)] if token else [],
         options=[
@@ -253,8 +264,10 @@ def build_grpc_server(service: EnvService, address: str, token: str | None) -> g
         ],
     )
     pb_grpc.add_VisenvServicer_to_server(VisenvServicer(service), server)
-    # overall health ("") answers SERVING while the server runs
-    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+    # overall health ("") answers SERVING while the server runs; `visenv.env.<name>` says
+    # whether an environment is ready (warmed up), kept in step by app.serve
+    server.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
+    health_pb2_grpc.add_HealthServicer_to_server(server.health, server)  # type: ignore[attr-defined]
     service_name = pb.DESCRIPTOR.services_by_name["Visenv"].full_name
     reflection.enable_server_reflection(
         (service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server

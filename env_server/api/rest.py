@@ -10,6 +10,7 @@ the field; bodies over the limit are 413; a missing or wrong bearer token is 401
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -56,6 +57,7 @@ def replies(model: Any) -> dict[str, Any]:
     return {"response_model": None, "responses": {200: {"model": model}, **ERRORS}}
 
 
+OFFLOAD_ITEMS = 64  # batch replies longer than this are written in a thread
 ONE = replies(wire.SessionReply)
 BATCH = replies(wire.BatchResponse)
 # /docs loads Swagger UI from /static-offline-docs (fastapi-offline's files, no CDN)
@@ -160,6 +162,31 @@ class GuardMiddleware:
         await self.app(scope, replay, send)
 
 
+class StartedMiddleware:
+    """Pure ASGI middleware: the server listens before its service has started (workers
+    importing their environments); a request other than a health check (/health, the
+    adapters' .../health), /metrics and the static pages waits for the start (UNAVAILABLE
+    if it failed), so every route, the peers' adapters included, sees a started service."""
+
+    WITHOUT = ("/health", "/metrics", "/play", "/static/", "/docs", "/openapi.json", "/favicon.ico")
+
+    def __init__(self, app: ASGIApp, service: Any) -> None:
+        self.app = app
+        self.wait = getattr(service, "wait_started", None)  # a gateway starts before serving
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.wait is not None and scope["type"] in ("http", "websocket"):
+            path = scope["path"]
+            if not path.startswith(self.WITHOUT) and path != "/" and not path.endswith("/health"):
+                try:
+                    await self.wait()
+                except ServiceError as error:
+                    if scope["type"] == "websocket":
+                        return await _refuse_websocket(scope, receive, send, error)
+                    return await error_response(error)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
 class InternalErrorMiddleware:
     """Pure ASGI middleware, outermost: an unexpected exception anywhere in the app (a bug,
     e.g. a reply that can't be encoded) answers a structured INTERNAL error with an id that
@@ -235,12 +262,17 @@ def build_app(
     app.add_middleware(
         GuardMiddleware, token=token, max_bytes=max_request_bytes, open_prefixes=open_prefixes
     )
+    app.add_middleware(StartedMiddleware, service=service)
     app.add_middleware(InternalErrorMiddleware, metrics=service.metrics)  # the outermost
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.exception_handler(RequestValidationError)
     async def _on_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(_validation_error(exc))
+
+    @app.exception_handler(ServiceError)
+    async def _on_service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        return error_response(exc)  # a whole call refused (e.g. over max_batch_items)
 
     @app.exception_handler(StarletteHTTPException)
     async def _on_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -259,8 +291,26 @@ def build_app(
             return error_response(result)
         return JSONResponse(result.to_json())
 
-    def batch(results: list) -> JSONResponse:
-        return JSONResponse({"results": [wire.batch_item_json(r) for r in results]})
+    async def batch(results: list) -> Response:
+        if len(results) <= OFFLOAD_ITEMS:
+            return JSONResponse({"results": [wire.batch_item_json(r) for r in results]})
+
+        # a training-sized reply (tens of MB of JSON) is written off the event loop, item by
+        # item (one json.dumps call over all of it would hold the GIL throughout), so that
+        # other sessions' calls are answered meanwhile
+        def render() -> bytes:
+            items = (
+                json.dumps(
+                    wire.batch_item_json(r),
+                    ensure_ascii=False,
+                    allow_nan=False,
+                    separators=(",", ":"),
+                )  # fmt: skip
+                for r in results
+            )
+            return ('{"results":[' + ",".join(items) + "]}").encode()
+
+        return Response(await asyncio.to_thread(render), media_type="application/json")
 
     @app.get("/health", tags=["server"])
     async def health() -> dict[str, Any]:
@@ -284,8 +334,16 @@ def build_app(
     @app.get("/v1/envs", tags=["envs"], **replies(wire.ListEnvsResponse))
     async def list_envs() -> JSONResponse:
         """Every registered environment: its config schema, action space, and whether
-        it is enabled and available on this server."""
-        return JSONResponse({"envs": [spec.to_json() for spec in await service.list_envs()]})
+        it is enabled and available on this server; and the server's limits."""
+        envs = [spec.to_json() for spec in await service.list_envs()]
+        return JSONResponse({"envs": envs, "limits": await limits()})
+
+    @app.get("/v1/limits", tags=["envs"])
+    async def limits() -> dict[str, Any]:
+        """The limits every request is held to, the same on every transport: request
+        bytes, items per batch call, actions per step, sessions, and the seed rule."""
+        # a gateway routes to servers that hold their own limits
+        return service.limits() if hasattr(service, "limits") else {}
 
     @app.post("/v1/sessions", tags=["sessions"], summary="Create a session (and reset it)", **ONE)
     async def create(options: SessionOptions) -> Response:
@@ -354,18 +412,18 @@ def build_app(
     async def batch_create(body: BatchCreate) -> JSONResponse:
         """Create many sessions; each item is answered on its own (one bad item gets
         its own error)."""
-        return batch(await service.create(body.items))
+        return await batch(await service.create(body.items))
 
     @app.post("/v1/batch/reset", tags=["batch"], **BATCH)
     async def batch_reset(body: BatchReset) -> JSONResponse:
         """Reset many sessions; each item is answered on its own."""
-        return batch(await service.reset(body.items))
+        return await batch(await service.reset(body.items))
 
     @app.post("/v1/batch/step", tags=["batch"], **BATCH)
     async def batch_step(body: BatchStep) -> JSONResponse:
         """Step many sessions at once (one message per worker); each item is answered
         on its own."""
-        return batch(await service.step(body.items))
+        return await batch(await service.step(body.items))
 
     @app.post(
         "/v1/batch/fork",
@@ -384,11 +442,14 @@ def build_app(
         return JSONResponse({"results": [wire.close_item_json(e) for e in results]})
 
     def openapi() -> dict[str, Any]:  # built on first use: routes added later are in it
-        if not app.openapi_schema:
-            enabled = sorted(n for n, spec in service.env_specs.items() if spec.enabled)
-            schema = with_descriptions(FastAPI.openapi(app))
-            app.openapi_schema = with_session_links(schema, enabled)
-        return app.openapi_schema
+        if app.openapi_schema:
+            return app.openapi_schema
+        enabled = sorted(n for n, spec in service.env_specs.items() if spec.enabled)
+        schema = with_session_links(with_descriptions(FastAPI.openapi(app)), enabled)
+        app.openapi_schema = None  # FastAPI.openapi keeps its own: kept below once complete
+        if enabled or getattr(service, "wait_started", None) is None:
+            app.openapi_schema = schema  # (not while the service starts: its envs come then)
+        return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app

@@ -124,11 +124,30 @@ def unknown_action(action: Action, space: ActionSpace) -> str:
     return f"{action.name}: unknown action; use one of {', '.join(space.names)}"
 
 
+# The one seed rule of every environment: an integer in [0, SEED_LIMIT) (booleans and
+# strings are not seeds). An environment whose random generator takes fewer bits
+# (`seed_bits`) gets a seed derived from it deterministically (`Environment.reset`).
+SEED_LIMIT = 2**63
+
+
 def check_seed(seed: Any) -> int:
-    """`seed` as an int, or EnvError (INVALID_ARGUMENT) if it is not a non-negative integer."""
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise EnvError(f"seed must be a non-negative integer, got {seed!r}")
+    """`seed` as an int, or EnvError (INVALID_ARGUMENT, field "seed") if it breaks the rule."""
+    if (
+        isinstance(seed, bool)
+        or not isinstance(seed, int | np.integer)
+        or not 0 <= seed < SEED_LIMIT
+    ):
+        raise EnvError(f"seed must be an integer in [0, 2**63), got {seed!r}", field="seed")
     return int(seed)
+
+
+def narrow_seed(seed: int, bits: int) -> int:
+    """`seed` itself when it fits in `bits` bits, else one derived from it deterministically
+    (numpy's SeedSequence hash): distinct seeds stay distinct with high probability."""
+    if seed < 2**bits:
+        return seed
+    state = np.random.SeedSequence(seed).generate_state(2, np.uint32)
+    return int((int(state[0]) << 32 | int(state[1])) % 2**bits)
 
 
 class Environment(ABC):
@@ -176,6 +195,9 @@ class Environment(ABC):
     # None: a restored snapshot (a forked session) answers every action exactly as the
     # original would; otherwise what may differ, said to clients in the fork's reply
     fork_tolerance: ClassVar[str | None] = None
+    # how many bits of seed the environment's random generator takes: a larger seed is
+    # mapped onto them (`narrow_seed`) before `_reset` sees it (ManiSkill: 32)
+    seed_bits: ClassVar[int] = 63
 
     def __init__(self, config: EnvConfig | None = None) -> None:
         self.config = config if config is not None else self.Config()
@@ -206,7 +228,7 @@ class Environment(ABC):
     # ---- the lifecycle, done here for every environment ----------------
     def reset(self, seed: int) -> Observation:
         """Start a new episode determined entirely by `seed`."""
-        seed = check_seed(seed)
+        seed = narrow_seed(check_seed(seed), self.seed_bits)
         self._phase = _Phase.NEW
         self.turn = 0
         observation = self._reset(seed)

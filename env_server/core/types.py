@@ -272,10 +272,14 @@ class EnvError(Exception):
     """An error an environment raises for bad configuration or bad use.
 
     `code` is one of the wire error codes (INVALID_ARGUMENT, FAILED_PRECONDITION,
-    UNAVAILABLE, ...). The service turns it into a structured error reply.
+    UNAVAILABLE, ...), `field` the request field at fault when there is one. The service
+    turns it into a structured error reply.
     """
 
-    def __init__(self, message: str, code: str = "INVALID_ARGUMENT") -> None:
+    def __init__(
+        self, message: str, code: str = "INVALID_ARGUMENT", field: str | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.field = field

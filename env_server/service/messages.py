@@ -11,8 +11,9 @@ answers its own structured error (`ServiceError`) and the others go on. Concurre
 callers' batches are coalesced by concatenation into one envelope (the service splits
 the answers back by length), so a coalesced message needs no type of its own. Two
 control messages travel alone: the worker's first envelope is ``(0, Ready(...))``, sent
-once it has pre-warmed the environments it was given, and ``(0, Stop())`` asks it to
-close its sessions and exit.
+once it has imported the modules of its environments, then one ``(0, Warmed(...))``
+per environment it pre-warms (behind Ready, between messages); ``(0, Stop())`` asks it
+to close its sessions and exit.
 
 Message (API -> worker)                 answer
     ListEnv(name)                           EnvSpec
@@ -132,11 +133,20 @@ class Stop:
 # ---- worker -> API process --------------------------------------------------------
 @message
 class Ready:
-    """The worker's first message: its pid, and per pre-warmed env the seconds its
-    warm-up took or why it failed."""
+    """The worker's first message: its pid (`warmed` is empty: `Warmed` notices follow)."""
 
     pid: int
     warmed: dict[str, float | str]
+
+
+@message
+class Warmed:
+    """A notice (request id 0) after the worker pre-warmed one environment: the seconds it
+    took, or why it failed. Workers say `Ready` first and pre-warm behind it, between
+    messages, so that the server serves at once."""
+
+    name: str
+    took: float | str
 
 
 @message

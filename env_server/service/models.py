@@ -9,11 +9,23 @@ statuses and the JSON/proto forms are `visenv.wire`'s as well).
 from __future__ import annotations
 
 import logging
+import math
 import secrets
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
+from env_server.core.env import SEED_LIMIT
 from env_server.core.types import Representation, ResponseFormat
 from visenv.wire import (
     EnvSpec,
@@ -26,15 +38,45 @@ from visenv.wire import (
 
 # ---------------------------------------------------------------------------- requests
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # non-finite numbers (JSON's NaN/Infinity literals, a proto double) are refused here,
+    # before anything is applied; free-form objects are walked by `_finite`
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+# the seed rule of every environment (env_server.core.env.check_seed): an integer, not a
+# bool or a string, in [0, 2**63)
+Seed = Annotated[int, Strict(), Field(ge=0, lt=SEED_LIMIT)]
+
+
+def _finite(value: Any, where: str) -> Any:
+    """`value` (a free-form JSON object), or ValueError naming where a non-finite number sits."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: {value} is not a finite number")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _finite(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for n, item in enumerate(value):
+            _finite(item, f"{where}.{n}")
+    return value
+
+
+def _finite_object(value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+    try:
+        return _finite(value, str(info.field_name))
+    except ValueError as exc:
+        raise PydanticCustomError("finite_number", str(exc)) from None
+
+
+FreeObject = Annotated[dict[str, Any], AfterValidator(_finite_object)]
 
 
 class SessionOptions(_Strict):
     """Options of a new session (fixed at creation)."""
 
     env: str = Field(description="Registry name, e.g. 'sokoban'.")
-    config: dict[str, Any] = Field(default_factory=dict, description="The environment's config.")
-    seed: int = Field(0, description="Seed of the first episode.")
+    config: FreeObject = Field(default_factory=dict, description="The environment's config.")
+    seed: Seed = Field(0, description="Seed of the first episode: an integer in [0, 2**63).")
     format: ResponseFormat = Field(
         ResponseFormat.GROUNDING_WORLDMODELING,
         description="How responses are written and graded (the <think> sections they hold).",
@@ -43,7 +85,7 @@ class SessionOptions(_Strict):
         Representation.NATURAL,
         description="How states are written: in the text, and in <observation>/<prediction>.",
     )
-    reasoning: dict[str, Any] = Field(
+    reasoning: FreeObject = Field(
         default_factory=dict, description="Reward options (ReasoningConfig fields)."
     )
     image_encoding: ImageEncoding = Field(
@@ -54,7 +96,7 @@ class SessionOptions(_Strict):
 class ResetBody(_Strict):
     """REST body of POST /v1/sessions/{id}/reset."""
 
-    seed: int | None = Field(None, description="Unset: the session's previous seed + 1.")
+    seed: Seed | None = Field(None, description="Unset: the session's previous seed + 1.")
     image_encoding: ImageEncoding | None = Field(None, description="Override for this reply.")
 
 
@@ -80,7 +122,9 @@ class StepBody(_Strict):
     )
     response: str | None = Field(None, description="The agent's raw response text.")
     actions: list[ActionModel] | None = Field(
-        None, description="Explicit actions (manual play): no format or world-model reward."
+        None,
+        min_length=1,
+        description="Explicit actions (manual play): no format or world-model reward.",
     )
     image_encoding: ImageEncoding | None = Field(None, description="Override for this reply.")
 
@@ -207,7 +251,7 @@ def _rebuild_error(code: str, message: str, field: str | None, error_id: str | N
 
 
 __all__ = [
-    "MAX_FORKS", "ActionModel", "BatchClose", "BatchCreate", "BatchFork", "BatchReset",
+    "MAX_FORKS", "SEED_LIMIT", "Seed", "ActionModel", "BatchClose", "BatchCreate", "BatchFork", "BatchReset",
     "BatchStep", "EnvSpec", "ForkBody", "ForkItem", "ImageEncoding",
     "ResetBody", "ResetItem", "RewardParts", "ServiceError", "SessionOptions", "SessionReply",
     "StepBody", "StepItem",

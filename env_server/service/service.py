@@ -42,14 +42,16 @@ import dataclasses
 import functools
 import gc
 import itertools
+import json
 import logging
+import math
 import multiprocessing
 import os
 import pickle
 import socket
 import struct
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -70,9 +72,12 @@ from .messages import (
     Step,
     Stepped,
     Stop,
+    Warmed,
 )
 from .metrics import Metrics
 from .models import (
+    MAX_FORKS,
+    SEED_LIMIT,
     EnvSpec,
     ForkItem,
     ResetItem,
@@ -100,6 +105,7 @@ class _Queued:
 
     batch: list[Message]
     future: asyncio.Future
+    deadline: float  # seconds the worker may take for it (see WorkerHandle.stuck)
 
 
 class WorkerHandle:
@@ -112,6 +118,7 @@ class WorkerHandle:
 
     CONCURRENT = 4  # requests finding the worker busy ...
     CONCURRENT_SPAN = 0.5  # ... within this many seconds: concurrent traffic (coalesce_window)
+    PREWARM_ALLOWANCE = 180.0  # seconds one environment's pre-warm may take (see `stuck`)
 
     def __init__(
         self,
@@ -127,8 +134,9 @@ class WorkerHandle:
         self.index = index
         self.preload = list(preload)  # envs whose modules the worker imports at start
         self.env_paths = dict(env_paths or {})
-        self.prewarm = list(prewarm)  # envs the worker warms up before it says ready
+        self.prewarm = list(prewarm)  # envs the worker warms up after it says Ready
         self.warmed: dict[str, float | str] = {}  # ... and how long each took (or why not)
+        self.warming: set[str] = set(self.prewarm)  # ... and those not warmed yet
         # coalescing (see `request`): requests queued while a message is in flight
         self.coalesce_window = coalesce_window
         self.coalesce_max_items = coalesce_max_items
@@ -139,6 +147,10 @@ class WorkerHandle:
         self._flush_soon = False
         # when the last requests that found the worker busy arrived (concurrency evidence)
         self._overlaps: collections.deque[float] = collections.deque(maxlen=self.CONCURRENT)
+        # the deadline of each message in flight, oldest first, and when the worker began
+        # the oldest (its last answer, or the send if it was idle): see `stuck`
+        self._deadlines: collections.deque[float] = collections.deque()
+        self._progress_at = 0.0
         self.messages_sent = 0  # pipe messages, and the requests they carried
         self.requests_sent = 0
         self.ctx = ctx
@@ -152,6 +164,7 @@ class WorkerHandle:
         self._writer: asyncio.StreamWriter | None = None
         self._read_task: asyncio.Task | None = None
         self._stopping = False
+        self.killed = False
         self.on_death: Any = None  # callable(WorkerHandle), set by the service
 
     async def start(self, timeout: float = 60.0) -> None:
@@ -168,14 +181,12 @@ class WorkerHandle:
         parent.close()
         self._reader, self._writer = await asyncio.open_unix_connection(sock=sock)
         try:
-            _, ready = pickle.loads(
-                await asyncio.wait_for(self._read(), timeout + 120.0 * len(self.prewarm))
-            )
+            _, ready = pickle.loads(await asyncio.wait_for(self._read(), timeout))
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError) as exc:
             self.process.kill()
             raise RuntimeError(f"worker {self.index} failed to start: {exc!r}") from exc
         assert isinstance(ready, Ready)
-        self.pid, self.warmed = ready.pid, ready.warmed
+        self.pid = ready.pid
         self.alive = True
         self._read_task = asyncio.create_task(self._read_loop(), name=f"worker-{self.index}-read")
 
@@ -190,6 +201,11 @@ class WorkerHandle:
         try:
             while True:
                 request_id, result = pickle.loads(await self._read())
+                if isinstance(result, Warmed):  # a notice: one env pre-warmed
+                    self.warmed[result.name] = result.took
+                    self.warming.discard(result.name)
+                    self._progress_at = asyncio.get_running_loop().time()  # progress too
+                    continue
                 future = self._pending.pop(request_id, None)
                 if future is not None and not future.done():
                     future.set_result(result)
@@ -213,7 +229,9 @@ class WorkerHandle:
         if not self._stopping and self.on_death is not None:
             self.on_death(self)
 
-    async def request(self, batch: list[Message]) -> list[Any] | ServiceError:
+    async def request(
+        self, batch: list[Message], deadline: float = 60.0
+    ) -> list[Any] | ServiceError:
         """Send a batch of messages to the worker and await their answers (a list, in
         order; or one ServiceError when the worker could not read the message), coalesced
         with concurrent batches.
@@ -238,7 +256,7 @@ class WorkerHandle:
         if self._in_flight or self._queue:
             self._overlaps.append(loop.time())
         future = loop.create_future()
-        self._queue.append(_Queued(batch, future))
+        self._queue.append(_Queued(batch, future, deadline))
         self._queued_items += len(batch)
         if self._queued_items >= self.coalesce_max_items:
             self._flush()
@@ -250,6 +268,17 @@ class WorkerHandle:
             self._flush_soon = True
             loop.call_soon(self._flush_now)
         return await future
+
+    def stuck(self, now: float) -> bool:
+        """Whether the worker has spent longer than its deadline on one message: the clock
+        runs from its last answer (or from the send, if it was idle), so a worker answering
+        message after message of a long batch is busy, never stuck."""
+        if not self._deadlines:
+            return False
+        # while it pre-warms an environment (a simulator's start-up: a minute), a message
+        # waits behind that: allowed on top of the deadline
+        allowance = self.PREWARM_ALLOWANCE if self.warming else 0.0
+        return now - self._progress_at > self._deadlines[0] + allowance
 
     def concurrent(self, now: float) -> bool:
         """Whether concurrent callers are using this worker now (see `request`)."""
@@ -305,6 +334,9 @@ class WorkerHandle:
         self.messages_sent += 1
         self.requests_sent += len(entries)
         message.add_done_callback(functools.partial(self._answered, entries))
+        if not self._deadlines:
+            self._progress_at = asyncio.get_running_loop().time()
+        self._deadlines.append(max(e.deadline for e in entries))
         try:
             if len(entries) == 1:
                 batch = entries[0].batch
@@ -323,6 +355,9 @@ class WorkerHandle:
     def _answered(self, entries: list[_Queued], message: asyncio.Future) -> None:
         """Hand each caller its part of a message's answer, then send what queued meanwhile."""
         self._in_flight -= 1
+        if self._deadlines:
+            self._deadlines.popleft()
+        self._progress_at = asyncio.get_running_loop().time()
         if message.cancelled():
             error: BaseException | None = WorkerLost(f"worker {self.index}: message cancelled")
         else:
@@ -346,11 +381,15 @@ class WorkerHandle:
                     entry.future.set_exception(error)
         self._flush()
 
-    def kill(self) -> None:
+    def kill(self) -> bool:
         """SIGKILL the process (a stuck worker): its pipe closes, calls in flight fail with
-        WorkerLost and `on_death` replaces it, as for any death."""
-        if self.process is not None and self.process.is_alive():
-            self.process.kill()
+        WorkerLost and `on_death` replaces it, as for any death. False if it was killed
+        already (several callers may find it stuck)."""
+        if self.killed or self.process is None or not self.process.is_alive():
+            return False
+        self.killed = True
+        self.process.kill()
+        return True
 
     async def stop(self, timeout: float = 5.0) -> None:
         self._stopping = True
@@ -386,6 +425,16 @@ class Session:
     # the guard its responses are counted in: its config's (shared by every session of that
     # config) or, for a fork, its own copy; None until first needed
     guard: ResponseGuard | None = None
+    # the body of the last step applied (`_step_key`): a retry must resend the same
+    last_step: tuple | None = None
+
+
+def _step_key(item: StepItem) -> tuple:
+    """What makes two step bodies the same request (a retry), step_index aside."""
+    actions = None
+    if item.actions is not None:
+        actions = tuple((a.name, tuple(a.args), a.payload) for a in item.actions)
+    return item.response, actions, item.image_encoding
 
 
 def _validate(model: type[M], raw: M | Mapping[str, Any]) -> M | ServiceError:
@@ -395,6 +444,63 @@ def _validate(model: type[M], raw: M | Mapping[str, Any]) -> M | ServiceError:
         return model.model_validate(raw)
     except ValidationError as exc:
         return ServiceError.from_validation(exc)
+
+
+def _nonfinite(value: Any, where: str) -> Iterator[str]:
+    """Where the non-finite numbers in a JSON-like value sit."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            yield where
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _nonfinite(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for n, item in enumerate(value):
+            yield from _nonfinite(item, f"{where}.{n}")
+
+
+def writable(reply: SessionReply) -> tuple[SessionReply, SessionReply | ServiceError]:
+    """(what the session keeps, what the caller gets) for a reply from a worker.
+
+    A reply whose numbers are all finite is both. One with a NaN or an infinity (an
+    environment's bug: requests carry none) can't be written as JSON: the caller gets
+    INTERNAL with an error id (the log has the places), and the session keeps a copy with
+    those numbers as null (a reward part: 0, the places listed in info.unwritable), so
+    that it stays readable (GET, a retry, a fork) and can go on."""
+    bad = [
+        *_nonfinite(reply.reward, "reward"),
+        *_nonfinite(reply.reward_parts.to_json(), "reward_parts"),
+        *_nonfinite(reply.observation.ground_truth, "observation.ground_truth"),
+        *_nonfinite(reply.observation.info, "observation.info"),
+        *_nonfinite(reply.info, "info"),
+    ]
+    if not bad:
+        return reply, reply
+    error = ServiceError.internal(
+        ValueError(f"non-finite numbers at {', '.join(bad)}"),
+        f"the reply of {reply.session_id}",
+        log,
+    )
+
+    def scrub(value: Any) -> Any:
+        return json.loads(json.dumps(value), parse_constant=lambda _: None)
+
+    parts = RewardParts(
+        **{k: v if math.isfinite(v) else 0.0 for k, v in reply.reward_parts.to_json().items()}
+    )
+    observation = dataclasses.replace(
+        reply.observation,
+        ground_truth=scrub(reply.observation.ground_truth),
+        info=scrub(reply.observation.info),
+    )
+    stored = dataclasses.replace(
+        reply,
+        observation=observation,
+        reward_parts=parts,
+        reward=parts.total,
+        info={**scrub(reply.info), "unwritable": {"error_id": error.error_id, "fields": bad}},
+    )
+    return stored, error
 
 
 def assemble_reward(
@@ -449,9 +555,54 @@ class EnvService:
         self._stopping = False
         self._judges: dict[str, Judge] = {}  # one per distinct judge config
         self._guards: dict[str, ResponseGuard] = {}  # one per distinct guard config
+        # set once `start` has finished (or failed: then `_start_error`): the server listens
+        # before that, and calls made meanwhile wait for it (`wait_started`)
+        self._started = asyncio.Event()
+        self._start_error: ServiceError | None = None
 
     # ---- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException as exc:
+            self._start_error = ServiceError("UNAVAILABLE", f"the server failed to start: {exc}")
+            raise
+        finally:
+            self._started.set()
+
+    async def wait_started(self) -> None:
+        """Wait (briefly) until `start` has finished; UNAVAILABLE if it failed or takes long."""
+        if not self._started.is_set():
+            try:
+                await asyncio.wait_for(self._started.wait(), self.settings.deadline)
+            except TimeoutError:
+                raise ServiceError("UNAVAILABLE", "the server is still starting; retry") from None
+        if self._start_error is not None:
+            raise self._start_error
+
+    def envs_ready(self) -> dict[str, bool]:
+        """Per enabled environment: whether every running worker can serve it without a
+        warm-up (pre-warmed, or nothing to warm); False for all while the server starts."""
+        alive = [w for w in self.workers if w.alive]
+        started = self._started.is_set() and self._start_error is None and bool(alive)
+        return {
+            name: started and not any(name in w.warming for w in alive)
+            for name, spec in sorted(self.env_specs.items())
+            if spec.enabled
+        }
+
+    async def wait_ready(self, timeout: float | None = None) -> dict[str, bool]:
+        """Wait until every enabled environment is ready (or `timeout` s); `envs_ready()`."""
+        await asyncio.wait_for(self._started.wait(), timeout)
+        loop = asyncio.get_running_loop()
+        end = None if timeout is None else loop.time() + timeout
+        while not all((ready := self.envs_ready()).values()) and self._start_error is None:
+            if end is not None and loop.time() > end:
+                break
+            await asyncio.sleep(0.05)
+        return ready
+
+    async def _start(self) -> None:
         if self.settings.start_method == "forkserver":
             self._ctx.set_forkserver_preload(["env_server.service.worker"])
         self.workers = [self._worker_handle(i) for i in range(self.settings.workers)]
@@ -511,7 +662,35 @@ class EnvService:
 
     # ---- the API --------------------------------------------------------------------
     async def list_envs(self) -> list[EnvSpec]:
+        await self.wait_started()
         return list(self.env_specs.values())
+
+    def limits(self) -> dict[str, Any]:
+        """The limits this server holds every request to, on every transport (published at
+        GET /v1/limits, in GET /v1/envs and /health); docs/wire.md explains each."""
+        settings = self.settings
+        return {
+            "max_request_bytes": settings.max_request_bytes,
+            "max_batch_items": settings.max_batch_items,
+            "max_actions_per_step": settings.max_actions_per_step,
+            "max_forks_per_item": MAX_FORKS,
+            "max_sessions": settings.max_sessions,
+            "items_per_worker_message": self.piece_items(),
+            "seed": {"type": "integer", "minimum": 0, "maximum": SEED_LIMIT - 1},
+        }
+
+    def _check_batch(self, items: Sized, field: str = "items") -> None:
+        """Refuse a call of more items than `max_batch_items`, at once, naming the limit."""
+        limit = self.settings.max_batch_items
+        if len(items) > limit:
+            error = ServiceError(
+                "INVALID_ARGUMENT",
+                f"{field}: {len(items)} items in one call, over this server's limit of "
+                f"{limit} items per call (max_batch_items, GET /v1/limits); split the batch",
+                field,
+            )
+            self.metrics.errors.labels(error.code).inc()
+            raise error
 
     def _check_judge(self, reasoning: ReasoningConfig) -> ServiceError | None:
         """A judge endpoint must be one the operator allowed: the server sends requests
@@ -540,6 +719,8 @@ class EnvService:
     async def create(
         self, items: Sequence[SessionOptions | Mapping[str, Any]]
     ) -> list[SessionReply | ServiceError]:
+        self._check_batch(items)
+        await self.wait_started()
         results: list[Any] = [None] * len(items)
         planned: dict[WorkerHandle, list[tuple[int, Session]]] = {}
         for pos, raw in enumerate(items):
@@ -584,7 +765,7 @@ class EnvService:
             for (pos, session), answer in zip(group, answers, strict=True):
                 results[pos] = answer
                 if isinstance(answer, SessionReply):
-                    session.last_reply = answer
+                    session.last_reply, results[pos] = writable(answer)
                     self.metrics.resets.labels(session.env).inc()
                 else:
                     self._forget(session)
@@ -605,6 +786,7 @@ class EnvService:
         def applied(item: ResetItem, session: Session, reply: SessionReply) -> None:
             session.step_index = 0
             session.last_reply = reply
+            session.last_step = None
             self.metrics.resets.labels(session.env).inc()
 
         return await self._session_call(ResetItem, items, message, applied)
@@ -614,10 +796,27 @@ class EnvService:
     ) -> list[SessionReply | ServiceError]:
         started = time.perf_counter()
 
+        most = self.settings.max_actions_per_step
+
         def precheck(item: StepItem, session: Session) -> SessionReply | ServiceError | None:
+            if item.actions is not None and len(item.actions) > most:
+                return ServiceError(
+                    "INVALID_ARGUMENT",
+                    f"actions: {len(item.actions)} actions in one step, over this server's "
+                    f"limit of {most} (max_actions_per_step, GET /v1/limits)",
+                    "actions",
+                )
             if item.step_index == session.step_index:
                 return None  # apply it
             if item.step_index == session.step_index - 1 and session.last_reply is not None:
+                if session.last_step is not None and _step_key(item) != session.last_step:
+                    return ServiceError(
+                        "INVALID_ARGUMENT",
+                        f"step_index {item.step_index} of {session.id} was already applied with "
+                        "a different body; a retry must resend the same body (it then gets the "
+                        f"stored reply), a new turn must use step_index {session.step_index}",
+                        "step_index",
+                    )
                 return session.last_reply  # a retry: answered from memory
             return ServiceError(
                 "FAILED_PRECONDITION",
@@ -633,6 +832,7 @@ class EnvService:
         def applied(item: StepItem, session: Session, reply: SessionReply) -> None:
             session.step_index += 1
             session.last_reply = reply
+            session.last_step = _step_key(item)
             self.metrics.steps.labels(session.env).inc()
 
         results = await self._session_call(StepItem, items, message, applied, precheck, self._grade)
@@ -640,6 +840,8 @@ class EnvService:
         return results
 
     async def get(self, session_ids: Sequence[str]) -> list[SessionReply | ServiceError]:
+        await self.wait_started()
+        self._check_batch(session_ids, "session_ids")
         results: list[SessionReply | ServiceError] = []
         for session_id in session_ids:
             session = self._lookup(session_id)
@@ -655,6 +857,8 @@ class EnvService:
         return self._count_errors(results)
 
     async def close(self, session_ids: Sequence[str]) -> list[ServiceError | None]:
+        await self.wait_started()
+        self._check_batch(session_ids, "session_ids")
         results: list[Any] = [None] * len(session_ids)
         planned: dict[WorkerHandle, list[tuple[int, Session]]] = {}
         for pos, session_id in enumerate(session_ids):
@@ -694,6 +898,8 @@ class EnvService:
         info["fork"] = {source, exact, tolerance}), or one error: CAPACITY when n more
         sessions don't fit under the cap, FAILED_PRECONDITION when the env can't snapshot.
         """
+        await self.wait_started()
+        self._check_batch(items)
         results: list[Any] = [None] * len(items)
         targets: list[tuple[int, ForkItem, Session]] = []
         seen: set[str] = set()
@@ -744,6 +950,7 @@ class EnvService:
                     options=source.options,
                     reasoning=source.reasoning,
                     step_index=source.step_index,
+                    last_step=source.last_step,
                     busy=loop.create_future(),
                 )
                 self.sessions[fork.id] = fork  # reserved: counts towards the cap
@@ -799,6 +1006,7 @@ class EnvService:
         return session.guard
 
     async def frame(self, session_id: str) -> bytes:
+        await self.wait_started()
         session = self._lookup(session_id)
         if isinstance(session, ServiceError):
             raise session
@@ -809,8 +1017,19 @@ class EnvService:
         return answer
 
     async def health(self) -> dict[str, Any]:
+        ready = self.envs_ready()
+        if not self._started.is_set():
+            status = "starting"
+        elif self._start_error is not None or not any(w.alive for w in self.workers):
+            status = "degraded"
+        else:
+            status = "ok" if all(ready.values()) else "warming"
         return {
-            "status": "ok" if any(w.alive for w in self.workers) else "degraded",
+            "status": status,
+            # per enabled environment: served without a warm-up (a startup/readiness probe
+            # waits for the ones it needs; `status` is "ok" once all are)
+            "ready": ready,
+            "limits": self.limits(),
             "sessions": len(self.sessions),
             "max_sessions": self.settings.max_sessions,
             "idle_timeout_s": self.settings.idle_timeout,
@@ -839,6 +1058,8 @@ class EnvService:
         """Validate, serialise per session, route one message per worker, record.
 
         `message(item, session)`: the worker message of an item."""
+        await self.wait_started()
+        self._check_batch(items)
         results: list[Any] = [None] * len(items)
         targets: list[tuple[int, Any, Session]] = []
         seen: set[str] = set()
@@ -887,7 +1108,8 @@ class EnvService:
                 for (pos, item, session), answer in zip(group, answers, strict=True):
                     results[pos] = answer
                     if isinstance(answer, SessionReply):
-                        applied(item, session, answer)
+                        stored, results[pos] = writable(answer)
+                        applied(item, session, stored)
                     elif isinstance(answer, ServiceError) and answer.code == "INTERNAL":
                         # the worker dropped it (its env is in an unknown state): so do we
                         self._forget(session, ServiceError(
@@ -944,27 +1166,59 @@ class EnvService:
     async def _call(
         self, worker: WorkerHandle, batch: list[Message], envs: Iterable[str] = ()
     ) -> list:
-        """One message to a worker; if it dies, or does not answer within the deadline of
-        the environments involved (then it is killed and replaced), every item answers
+        """A batch for one worker, sent in pieces of at most `piece_items` messages,
+        one piece after another (other callers' requests go between them, so a big batch
+        does not hold up other sessions, and each piece finishes well inside the deadline).
+        If the worker dies, or spends longer than the deadline of the environments involved
+        on one message (then it is killed and replaced), the items not yet answered answer
         SESSION_LOST."""
+        envs = list(envs)
         deadline = self.deadline(envs)
+        size = self.piece_items(envs)
+        answers: list = []
+        for start in range(0, len(batch), size):
+            piece = batch[start : start + size]
+            got = await self._call_piece(worker, piece, deadline)
+            answers += got
+            if got and isinstance(got[0], ServiceError) and got[0].code == "SESSION_LOST":
+                return answers + [got[0]] * (len(batch) - len(answers))  # the worker is gone
+        return answers
+
+    async def _call_piece(self, worker: WorkerHandle, batch: list[Message], deadline: float):
+        loop = asyncio.get_running_loop()
+        request = asyncio.ensure_future(worker.request(batch, deadline))
         try:
-            answers = await asyncio.wait_for(worker.request(batch), deadline)
-        except TimeoutError:
-            op = type(batch[0]).__name__.lower()
-            self._kill_stuck(worker, op, deadline)
-            lost = ServiceError(
-                "SESSION_LOST",
-                f"the session's worker process did not answer {op} within {deadline:g} s "
-                "(a stuck environment?); it was killed and is being replaced: create a new session",
-            )
-            return [lost] * len(batch)
+            while True:
+                done, _ = await asyncio.wait({request}, timeout=min(1.0, deadline / 10))
+                if done:
+                    answers = request.result()
+                    break
+                if worker.stuck(loop.time()):
+                    op = type(batch[0]).__name__.lower()
+                    self._kill_stuck(worker, op, deadline)
+                    lost = ServiceError(
+                        "SESSION_LOST",
+                        f"the session's worker process did not answer {op} within "
+                        f"{deadline:g} s (no answer to any message for that long: a stuck "
+                        "environment?); it was killed and is being replaced: create a new "
+                        "session",
+                    )
+                    return [lost] * len(batch)
         except WorkerLost as exc:
             lost = ServiceError("SESSION_LOST", f"the session's worker process died: {exc}")
             return [lost] * len(batch)
+        finally:
+            if not request.done():  # our caller gave up: the queued piece is not sent
+                request.cancel()
         if isinstance(answers, ServiceError):  # the worker could not read the message
             return [answers] * len(batch)
         return answers
+
+    def piece_items(self, envs: Iterable[str] = ()) -> int:
+        """Items per message of a batch about `envs` (the smallest of theirs)."""
+        pieces, most = self.settings.piece_items, self.settings.coalesce_max_items
+        other = min(pieces.get("*", most), most)
+        return min((min(pieces.get(e, other), most) for e in envs), default=other)
 
     def deadline(self, envs: Iterable[str] = ()) -> float:
         """Seconds a worker may take for one message about `envs` (the longest of theirs)."""
@@ -974,12 +1228,13 @@ class EnvService:
         )
 
     def _kill_stuck(self, worker: WorkerHandle, op: str, deadline: float) -> None:
+        if not worker.kill():
+            return
         log.error(
             "worker %d (pid %s) did not answer %s within %g s: killing it; its %d sessions are lost",
             worker.index, worker.pid, op, deadline, len(worker.sessions),
         )  # fmt: skip
         self.metrics.worker_timeouts.inc()
-        worker.kill()
 
     def _check_env(self, name: str) -> ServiceError | None:
         spec = self.env_specs.get(name)
@@ -1021,10 +1276,17 @@ class EnvService:
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
         session.worker.sessions.discard(session.id)
-        if reason is not None and self.settings.lost_memory > 0:
-            self._gone[session.id] = reason
-            while len(self._gone) > self.settings.lost_memory:
-                self._gone.popitem(last=False)
+        if reason is not None:
+            self._remember(session.id, reason)
+
+    def _remember(self, session_id: str, reason: ServiceError) -> None:
+        """What a later call on a session that is gone answers; the `lost_memory` latest."""
+        if self.settings.lost_memory <= 0:
+            return
+        self._gone[session_id] = reason
+        self._gone.move_to_end(session_id)
+        while len(self._gone) > self.settings.lost_memory:
+            self._gone.popitem(last=False)
 
     @staticmethod
     def _release(session: Session) -> None:
@@ -1083,10 +1345,15 @@ class EnvService:
         if not idle:
             return []
         ids = [s.id for s in idle]
-        await self.close(ids)
+        limit = self.settings.max_batch_items
+        for start in range(0, len(ids), limit):
+            await self.close(ids[start : start + limit])
         for session_id in ids:
-            self._gone[session_id] = ServiceError(
-                "NOT_FOUND", f"session {session_id} was closed after {timeout:g} s idle"
+            self._remember(
+                session_id,
+                ServiceError(
+                    "NOT_FOUND", f"session {session_id} was closed after {timeout:g} s idle"
+                ),
             )
         self.metrics.reaped.inc(len(ids))
         return ids

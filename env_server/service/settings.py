@@ -30,7 +30,23 @@ class Settings(BaseSettings):
         600.0, ge=0, description="Seconds before an idle session is closed (0: never)."
     )
     max_sessions: int = Field(4096, ge=1, description="Cap on open sessions (CAPACITY beyond).")
-    max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body.")
+    max_request_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=1024,
+        description="Largest request, on every transport (a REST body, a gRPC message).",
+    )
+    max_batch_items: int = Field(
+        4096,
+        ge=1,
+        description="Most items in one call (a batch create, reset, step, get, close or fork; "
+        "a gRPC request's items): a larger one is refused at once, naming this limit.",
+    )
+    max_actions_per_step: int = Field(
+        16,
+        ge=1,
+        description="Most explicit actions in one step item (every environment's per-turn limit "
+        "is smaller; those past that limit are reported in invalid_actions); more is refused.",
+    )
     token: str | None = Field(None, description="Bearer token required by every call but health.")
     start_method: str = Field("forkserver", description="multiprocessing start method of workers.")
     env_paths: dict[str, str] = Field(
@@ -63,14 +79,24 @@ class Settings(BaseSettings):
     deadline: float = Field(
         60.0,
         gt=0,
-        description="Seconds a worker may take to answer one message before it is taken for "
-        "stuck (an endless loop in an environment): it is killed and replaced, and its sessions "
-        "answer SESSION_LOST. Per environment family: `deadlines`.",
+        description="Seconds a worker may take to answer one message (at most "
+        "`coalesce_max_items` items) before it is taken for stuck (an endless loop in an "
+        "environment): it is killed and replaced, and its sessions answer SESSION_LOST. The "
+        "clock runs from the worker's last answer, so a worker working through a long queue of "
+        "messages is never taken for stuck. Per environment family: `deadlines`.",
     )
     deadlines: dict[str, float] = Field(
         default_factory=lambda: {"primitive_skill": 300.0, "navigation": 120.0},
         description="Per-environment deadlines (JSON: env name -> seconds) over `deadline`; a "
         "message for several environments gets the longest. A ManiSkill primitive takes seconds.",
+    )
+    piece_items: dict[str, int] = Field(
+        default_factory=lambda: {"*": 16, "primitive_skill": 4, "navigation": 8},
+        description="Items per worker message of a batch (JSON: env name -> items, '*' for "
+        "the rest; at most `coalesce_max_items`): a batch goes in pieces of this size, one "
+        "after another, so that each piece stays well inside the deadline and other "
+        "sessions' calls are answered between pieces (a piece of 16 frozenlake creates: "
+        "about 0.3 s).",
     )
     lost_memory: int = Field(
         100_000, ge=0, description="Lost session ids remembered to answer SESSION_LOST."
@@ -80,6 +106,13 @@ class Settings(BaseSettings):
         description="Serve VAGEN's legacy batch API at /compat/vagen-legacy. Its client sends no "
         "credentials, so those routes take no token: anyone who reaches the port can open "
         "sessions (up to the cap). Enable only on a trusted network.",
+    )
+    vagen_legacy_max_sessions: int | None = Field(
+        None,
+        ge=1,
+        description="Cap on the legacy adapter's anonymous sessions, apart from the server's "
+        "(they count towards max_sessions too), so that they can't lock out token holders "
+        "(default: half of max_sessions).",
     )
     coalesce_window: float = Field(
         0.01,
@@ -97,9 +130,11 @@ class Settings(BaseSettings):
         "available, so no user's create pays for it (comma-separated; empty: none).",
     )
     coalesce_max_items: int = Field(
-        512,
+        64,
         ge=1,
-        description="Most items in one coalesced message to a worker (1: no coalescing).",
+        description="Most items in one message to a worker: concurrent requests are "
+        "coalesced up to it (1: no coalescing), and no piece of a batch is larger "
+        "(`piece_items`).",
     )
 
     @field_validator("envs", "upstreams", "judge_urls", "prewarm", mode="before")
@@ -108,6 +143,11 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [v.strip() for v in value.split(",") if v.strip()] or None
         return value
+
+    @property
+    def legacy_cap(self) -> int:
+        """The legacy adapter's own cap on sessions (`vagen_legacy_max_sessions`)."""
+        return self.vagen_legacy_max_sessions or max(1, self.max_sessions // 2)
 
     @field_validator("token", mode="before")
     @classmethod

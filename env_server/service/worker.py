@@ -4,7 +4,8 @@ The API process sends one message per batch call (all the items of this worker) 
 a pipe and gets one message back: a list of answers in the same order. The messages,
 their answers and the envelope are the worker protocol of `messages.py`; `Worker.handle`
 answers a batch, dispatching each message on its type. Before its first answer a worker
-pre-warms the heavy environments it was given (see `Worker.prewarm`) and says `Ready`.
+says `Ready`, then pre-warms the heavy environments it was given (see `Worker.prewarm`)
+one by one, serving any message that arrives first, with a `Warmed` notice after each.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from .messages import (
     Step,
     Stepped,
     Stop,
+    Warmed,
 )
 from .models import EnvSpec, RewardParts, ServiceError, SessionReply
 
@@ -169,7 +171,7 @@ class Worker:
         except ServiceError as exc:
             return exc
         except EnvError as exc:
-            return ServiceError(exc.code, exc.message)
+            return ServiceError(exc.code, exc.message, exc.field)
         except ValidationError as exc:
             return ServiceError.from_validation(exc)
         except Exception as exc:  # a bug in an environment: INTERNAL for this item only
@@ -442,13 +444,20 @@ def worker_main(
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # stderr, as the server's
     worker = Worker()
     worker.preload(preload)
-    warmed = worker.prewarm(prewarm)
-    # what exists now (modules, pre-warmed simulators) lives as long as the process: out of
-    # every later collection (full ones over it took 100-300 ms under load: step tails)
+    # what exists now (modules) lives as long as the process: out of every later
+    # collection (full ones over it took 100-300 ms under load: step tails)
     gc.freeze()
-    conn.send_bytes(pickle.dumps((0, Ready(os.getpid(), warmed))))
+    conn.send_bytes(pickle.dumps((0, Ready(os.getpid(), {}))))
+    to_warm = list(prewarm)  # warmed behind Ready, one env at a time, messages first
     while True:
         try:
+            if to_warm and not conn.poll(0):
+                name = to_warm.pop(0)
+                took = worker.prewarm([name])[name]
+                if not to_warm and not worker.sessions:
+                    gc.freeze()  # the pre-warmed simulators, too
+                conn.send_bytes(pickle.dumps((0, Warmed(name, took))))
+                continue
             data = conn.recv_bytes()
         except (EOFError, OSError):
             break

@@ -136,9 +136,14 @@ def test_grpc_huge_batches_and_oversized_requests(stub, grpc_server):
     codes = _codes(resp)
     assert len(codes) == 80 and set(codes) <= {"OK", "CAPACITY"} and "CAPACITY" in codes
     made = [r.reply.session_id for r in resp.results if r.HasField("reply")]
-    # a huge batch of unknown ids: one NOT_FOUND each
-    gets = stub.Get(pb.GetRequest(session_ids=[f"s-{i:016x}" for i in range(20_000)]), timeout=120)
-    assert len(gets.results) == 20_000 and {r.error.code for r in gets.results} == {"NOT_FOUND"}
+    # a batch of unknown ids up to the limit of items per call: one NOT_FOUND each; over
+    # it, the whole call is refused at once, naming the limit
+    gets = stub.Get(pb.GetRequest(session_ids=[f"s-{i:016x}" for i in range(4096)]), timeout=120)
+    assert len(gets.results) == 4096 and {r.error.code for r in gets.results} == {"NOT_FOUND"}
+    with pytest.raises(grpc.RpcError) as over:
+        stub.Get(pb.GetRequest(session_ids=[f"s-{i:016x}" for i in range(20_000)]), timeout=120)
+    assert over.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "limit of 4096 items per call" in over.value.details()
     # the same session twice in one batch
     twice = stub.Step(pb.StepRequest(items=[
         pb.StepItem(session_id=made[0], step_index=0, response="<answer>Up</answer>"),

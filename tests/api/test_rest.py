@@ -160,7 +160,7 @@ def test_batch_endpoints_answer_per_item(visenv_server):
         ids = [created[0]["reply"]["session_id"], created[3]["reply"]["session_id"]]
         stepped = c.post("/v1/batch/step", json={"items": [
             {"session_id": ids[0], "step_index": 0, "actions": [{"name": "Left"}]},
-            {"session_id": "s-0000000000000000", "step_index": 0, "actions": []},
+            {"session_id": "s-0000000000000000", "step_index": 0, "actions": [{"name": "Up"}]},
             {"session_id": ids[1], "step_index": 0, "response": "<answer>Down</answer>"},
             {"session_id": ids[1], "step_index": 0},
         ]}).json()["results"]  # fmt: skip

@@ -17,8 +17,9 @@ def test_prewarmed_env_creates_cold_and_the_other_says_it_paid():
             prewarm=["tiny", "frozenlake"],  # frozenlake: not enabled here, so not warmed
         )
         service = EnvService(settings)
-        await service.start()
+        await service.start()  # the worker is Ready before it warms up: it warms behind it
         try:
+            assert await service.wait_ready(120) == {"sokoban": True, "tiny": True}
             (worker,) = (await service.health())["workers"]
             assert list(worker["prewarmed"]) == ["tiny"]
             assert isinstance(worker["prewarmed"]["tiny"], float)

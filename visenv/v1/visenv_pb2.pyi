@@ -158,10 +158,12 @@ class EnvInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., available: _Optional[bool] = ..., unavailable_reason: _Optional[str] = ..., config_schema_json: _Optional[str] = ..., action_space_json: _Optional[str] = ..., enabled: _Optional[bool] = ...) -> None: ...
 
 class ListEnvsResponse(_message.Message):
-    __slots__ = ("envs",)
+    __slots__ = ("envs", "limits_json")
     ENVS_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_JSON_FIELD_NUMBER: _ClassVar[int]
     envs: _containers.RepeatedCompositeFieldContainer[EnvInfo]
-    def __init__(self, envs: _Optional[_Iterable[_Union[EnvInfo, _Mapping]]] = ...) -> None: ...
+    limits_json: str
+    def __init__(self, envs: _Optional[_Iterable[_Union[EnvInfo, _Mapping]]] = ..., limits_json: _Optional[str] = ...) -> None: ...
 
 class SessionOptions(_message.Message):
     __slots__ = ("env", "config_json", "seed", "format", "representation", "reasoning_json", "image_encoding")

@@ -32,9 +32,13 @@ def add_compat_routes(
     max_sessions: int = 4096,
     idle_timeout: float = 600.0,
     vagen_legacy: bool = False,
+    legacy_max_sessions: int | None = None,
 ) -> None:
-    """Mount the adapters on `app` over `service` (EnvService or GatewayService)."""
+    """Mount the adapters on `app` over `service` (EnvService or GatewayService). The
+    legacy adapter's anonymous sessions have a cap of their own (`legacy_max_sessions`,
+    default half of `max_sessions`), so that they can't take every session of the server."""
     app.include_router(openenv_router(service))
     app.include_router(vagen_router(service, IdTable(max_sessions, idle_timeout)))
     if vagen_legacy:
-        app.include_router(legacy_router(service, IdTable(max_sessions, idle_timeout)))
+        cap = legacy_max_sessions or max(1, max_sessions // 2)
+        app.include_router(legacy_router(service, IdTable(cap, idle_timeout)))

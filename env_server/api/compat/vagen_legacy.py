@@ -115,7 +115,7 @@ def legacy_router(service: Any, table: IdTable) -> APIRouter:
                 if spec is None or not spec.enabled:
                     raise ServiceError("NOT_FOUND", f"unknown environment type: {env}", "env_name")
                 seed = config.get("seed", 0)
-                if not isinstance(seed, int):
+                if isinstance(seed, bool) or not isinstance(seed, int):
                     raise ServiceError("INVALID_ARGUMENT", "seed must be an integer", "seed")
                 fields = set(spec.config_schema.get("properties", {}))
                 planned.append(

@@ -107,6 +107,7 @@ class PrimitiveSkillEnv(Environment):
                       "held or resting object may settle, so positions can differ from the "
                       "source's by up to 5 mm (and images by a few pixels)")
     grading: ClassVar[GradingSpec] = grading.GRADING
+    seed_bits = 32  # ManiSkill seeds numpy's legacy generator: larger seeds are mapped onto it
 
     def __init__(self, config: PrimitiveSkillConfig | None = None) -> None:
         super().__init__(config)
