@@ -295,7 +295,7 @@ def warm_up(model, layout, episodes, epochs: int, lr: float, seed: int, batch_si
         total, count = 0.0, 0
         for idx in torch.randperm(len(episodes), generator=g).split(batch_size):
             batch = collate([episodes[i] for i in idx.tolist()], layout.pad_id, image_id)
-            logp, _, _ = policy_forward(model, batch, temperature=1.0)
+            logp, _, _ = policy_forward(model, batch, 1.0, suppressed=layout.suppressed)
             mask = batch.loss_mask.float()
             loss = -(logp * mask).sum() / mask.sum()
             opt.zero_grad()

@@ -200,7 +200,9 @@ def forward(
     values[t] = V(tokens before t), see `Critic`."""
     critic = unwrap(models.critic) if models.critic is not None else None
     shared = critic is not None and critic.backbone is None
-    logp, entropy, hidden = policy_forward(models.actor, batch, temperature, want_hidden=shared)
+    logp, entropy, hidden = policy_forward(
+        models.actor, batch, temperature, want_hidden=shared, suppressed=models.layout.suppressed
+    )
     values = None
     if shared:
         values = models.critic(hidden=hidden.detach())  # a head on the policy's features
@@ -211,12 +213,12 @@ def forward(
 
 @torch.no_grad()
 def reference_logprobs(models: Models, batch: Batch, temperature: float) -> torch.Tensor:
+    model = models.reference if models.reference is not None else models.actor
+    suppressed = models.layout.suppressed
     if models.reference is not None:
-        logp, _, _ = policy_forward(models.reference, batch, temperature)
-        return logp
+        return policy_forward(model, batch, temperature, suppressed=suppressed)[0]
     with unwrap(models.actor).disable_adapter():
-        logp, _, _ = policy_forward(models.actor, batch, temperature)
-    return logp
+        return policy_forward(model, batch, temperature, suppressed=suppressed)[0]
 
 
 # ----------------------------------------------------------------------------- levels
