@@ -227,7 +227,20 @@ def reference_logprobs(models: Models, batch: Batch, temperature: float) -> torc
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # CPU and every GPU
+
+
+def make_reproducible(cfg: TrainConfig) -> None:
+    """Same config and seed on the same machine: the same numbers. Every random draw
+    (sampling, minibatch order, initial weights) comes from generators seeded by
+    `seed_everything`; this fixes what else changes floating-point results: the thread
+    count (CPU reductions are split by thread) and non-deterministic kernels. Process
+    wide, as torch's settings are."""
+    if cfg.run.threads is not None:
+        torch.set_num_threads(cfg.run.threads)
+    if cfg.run.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition
+        torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def level_seeds(cfg: TrainConfig, iteration: int, rank: int, world: int) -> list[int]:
@@ -455,6 +468,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         if cfg.run.device != "cuda"
         else f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
     )
+    make_reproducible(cfg)
     seed_everything(cfg.run.seed)
     out_dir = Path(cfg.run.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
