@@ -307,6 +307,32 @@ def warm_up(model, layout, episodes, epochs: int, lr: float, seed: int, batch_si
     return losses
 
 
+def build_model(client: EnvClient, cfg_env: dict[str, Any], seeds: list[int], out: Path, *,
+                seed: int, hidden: int, layers: int) -> Path:  # fmt: skip
+    """A tiny random Qwen2.5-VL whose tokenizer learnt its merges from this environment's
+    prompts (the levels `seeds`) and answers."""
+    texts = client.create([SessionOptions(ENV, config=cfg_env, seed=s, format=FORMAT)
+                           for s in seeds])  # fmt: skip
+    # (the map's rows are left out: learnt merges such as "OP" or "__" would hide where
+    # each cell is; unmerged, every cell is one token)
+    samples = [texts[0].system_prompt] * 8 + [
+        re.sub(r"^[_OGPX√]+$", "", r.observation.text, flags=re.M) for r in texts
+    ]
+    samples += [answer(list(m)) for m in (["Up"], ["Down", "Left"], ["Right", "Right", "Up"])] * 8
+    client.close([r.session_id for r in texts])
+    return build_tiny_qwen(out, seed=seed, hidden_size=hidden, layers=layers, vocab_size=1024,
+                           corpus=samples)  # fmt: skip
+
+
+def oracle_demos(client: EnvClient, layout: ChatLayout, seeds: list[int],
+                 cfg_env: dict[str, Any]) -> list[EpisodeTokens]:  # fmt: skip
+    """The oracle's episodes on these levels, as the policy's tokens, with their rewards."""
+    policy = ScriptedPolicy(oracle, layout)
+    trajs = client.run_episodes(policy, ENV, seeds, config=cfg_env, format=FORMAT,
+                                max_turns=MAX_TURNS, progress=False)  # fmt: skip
+    return [attach_rewards(policy.episodes[t.episode], t) for t in trajs]
+
+
 # ----------------------------------------------------------------------------- statistics
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 9: 2.262}
@@ -369,8 +395,18 @@ def main() -> None:
     ap.add_argument("--reevaluate", action="store_true",
                     help="no training: evaluate the models a finished run left in --out again "
                     "(warm-up and last PPO checkpoint of every arm) and write --json")  # fmt: skip
+    ap.add_argument("--write-test-warm-up", default=None, metavar="DIR",
+                    help="write the warm-up tests/trainer/test_learning.py starts from to DIR "
+                    "and stop")  # fmt: skip
+    ap.add_argument("--kl-coef", type=float, default=0.001, help="PPO arms' KL coefficient")
+    ap.add_argument("--kl-estimator", default="k1", choices=["k1", "k3"])
+    ap.add_argument("--kl-mode", default=None, choices=["reward", "loss"])
+    ap.add_argument("--clip", type=float, default=0.2, help="PPO ratio clip")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.write_test_warm_up:
+        write_test_warm_up(Path(args.write_test_warm_up))
+        return
     if args.reevaluate:
         reevaluate(args)
         return
@@ -434,6 +470,31 @@ def main() -> None:
     finish(report, args, save)
 
 
+def write_test_warm_up(out: Path) -> None:
+    """The learning test's starting point: a hidden-64, 2-layer model, 3 epochs on the
+    oracle's episodes of 256 levels of run seed 1, natural sentences; saved in bfloat16
+    (about 460 KB). Deterministic: the same command writes the same weights."""
+    torch.manual_seed(0)
+    proc, address = start_server()
+    try:
+        client = EnvClient(address)
+        cfg_env = env_config("natural")
+        seeds = [train_level_seed(1, i) for i in range(256)]
+        tmp = out.with_name(out.name + "-build")
+        model, processing = load_policy(build_model(client, cfg_env, seeds[:64], tmp, seed=0,
+                                                    hidden=64, layers=2))  # fmt: skip
+        layout = ChatLayout(processing)
+        losses = warm_up(model, layout, oracle_demos(client, layout, seeds, cfg_env), epochs=3,
+                         lr=3e-3, seed=0)  # fmt: skip
+        save_policy(model.to(torch.bfloat16), processing, out)
+        shutil.rmtree(tmp)
+        client.close_client()
+        print("warm-up loss per epoch:", losses)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
 def finish(report: dict[str, Any], args, save) -> None:
     summarise(report, args)
     save()
@@ -477,25 +538,11 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
     torch.manual_seed(seed)
     cfg_env = env_config(variant)
     demo_seeds = [train_level_seed(seed, i) for i in range(args.demo_levels)]
-    # the tokenizer learns its merges from this environment's prompts and answers
-    texts = client.create([SessionOptions(ENV, config=cfg_env, seed=s, format=FORMAT)
-                           for s in demo_seeds[:64]])  # fmt: skip
-    # (the map's rows are left out: learnt merges such as "OP" or "__" would hide where
-    # each cell is; unmerged, every cell is one token)
-    samples = [texts[0].system_prompt] * 8 + [
-        re.sub(r"^[_OGPX√]+$", "", r.observation.text, flags=re.M) for r in texts
-    ]
-    samples += [answer(list(m)) for m in (["Up"], ["Down", "Left"], ["Right", "Right", "Up"])] * 8
-    client.close([r.session_id for r in texts])
-    path = build_tiny_qwen(out / "tiny", seed=seed, hidden_size=args.hidden, layers=args.layers,
-                           vocab_size=1024, corpus=samples)  # fmt: skip
+    path = build_model(client, cfg_env, demo_seeds[:64], out / "tiny", seed=seed,
+                       hidden=args.hidden, layers=args.layers)  # fmt: skip
     model, processing = load_policy(path)
     layout = ChatLayout(processing)
-
-    demo_policy = ScriptedPolicy(oracle, layout)
-    trajs = client.run_episodes(demo_policy, ENV, demo_seeds, config=cfg_env, format=FORMAT,
-                                max_turns=MAX_TURNS, progress=False)  # fmt: skip
-    demos = [attach_rewards(demo_policy.episodes[t.episode], t) for t in trajs]
+    demos = oracle_demos(client, layout, demo_seeds, cfg_env)
     t0 = time.time()
     losses = warm_up(model, layout, demos, args.warmup_epochs, args.warmup_lr, seed)
     runs = report["runs"].setdefault(variant, {})
@@ -520,7 +567,10 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
             f"ppo.iterations={args.ppo_iterations}", f"ppo.episodes_per_iteration={args.episodes}",
             f"ppo.group_size={args.group_size}", "ppo.minibatch_size=8",
             f"ppo.epochs={args.ppo_epochs}", f"ppo.actor_lr={args.actor_lr}",
-            f"ppo.critic_lr={args.critic_lr}", "run.save_every=1000",
+            f"ppo.critic_lr={args.critic_lr}", f"ppo.kl_coef={args.kl_coef}",
+            f"ppo.kl_estimator={args.kl_estimator}", f"ppo.clip={args.clip}",
+            *([f"ppo.kl_mode={args.kl_mode}"] if args.kl_mode else []),
+            "run.save_every=1000", "run.threads=1",
             f"run.out_dir='{out / arm}'", f"run.seed={seed}", "run.progress=false",
             *ARMS[arm],
         ])  # fmt: skip
