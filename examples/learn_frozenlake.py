@@ -275,10 +275,17 @@ def play(client: EnvClient, policy, seeds: list[int], variant: str) -> dict[str,
 
 
 def evaluate_model(client, model, layout, seeds, variant, max_new_tokens) -> dict[str, Any]:
+    """Greedy play on the levels, and the success of one sampled try per level (T=1,
+    seeded) under "sampled"."""
     model.eval()
     policy = HFPolicy(model, layout, temperature=1.0, max_new_tokens=max_new_tokens,
                       batch_size=64, greedy=True)  # fmt: skip
-    return play(client, policy, seeds, variant)
+    out = play(client, policy, seeds, variant)
+    torch.manual_seed(12345)
+    sampler = HFPolicy(model, layout, temperature=1.0, max_new_tokens=max_new_tokens,
+                       batch_size=64)  # fmt: skip
+    sampled = play(client, sampler, seeds, variant)
+    return out | {"sampled": {k: sampled[k] for k in ("success_rate", "valid_answer_rate")}}
 
 
 # ----------------------------------------------------------------------------- warm-up
@@ -398,6 +405,10 @@ def main() -> None:
     ap.add_argument("--write-test-warm-up", default=None, metavar="DIR",
                     help="write the warm-up tests/trainer/test_learning.py starts from to DIR "
                     "and stop")  # fmt: skip
+    ap.add_argument("--warm-up", default=None, metavar="DIR",
+                    help="start every seed's PPO arms from this warm-up (e.g. the learning "
+                    "test's) instead of building one per seed")  # fmt: skip
+    ap.add_argument("--filter-ratio", type=float, default=1.0, help="StarPO-S, every arm")
     ap.add_argument("--kl-coef", type=float, default=0.001, help="PPO arms' KL coefficient")
     ap.add_argument("--kl-estimator", default="k1", choices=["k1", "k3"])
     ap.add_argument("--kl-mode", default=None, choices=["reward", "loss"])
@@ -537,23 +548,28 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
     """Warm-up and every PPO arm of one variant and training seed."""
     torch.manual_seed(seed)
     cfg_env = env_config(variant)
-    demo_seeds = [train_level_seed(seed, i) for i in range(args.demo_levels)]
-    path = build_model(client, cfg_env, demo_seeds[:64], out / "tiny", seed=seed,
-                       hidden=args.hidden, layers=args.layers)  # fmt: skip
-    model, processing = load_policy(path)
-    layout = ChatLayout(processing)
-    demos = oracle_demos(client, layout, demo_seeds, cfg_env)
-    t0 = time.time()
-    losses = warm_up(model, layout, demos, args.warmup_epochs, args.warmup_lr, seed)
     runs = report["runs"].setdefault(variant, {})
+    t0 = time.time()
+    if args.warm_up:  # one given warm-up for every seed (its levels are in `training`)
+        model, processing = load_policy(args.warm_up)
+        layout = ChatLayout(processing)
+        warm, extra = Path(args.warm_up), {}
+    else:
+        demo_seeds = [train_level_seed(seed, i) for i in range(args.demo_levels)]
+        path = build_model(client, cfg_env, demo_seeds[:64], out / "tiny", seed=seed,
+                           hidden=args.hidden, layers=args.layers)  # fmt: skip
+        model, processing = load_policy(path)
+        layout = ChatLayout(processing)
+        demos = oracle_demos(client, layout, demo_seeds, cfg_env)
+        losses = warm_up(model, layout, demos, args.warmup_epochs, args.warmup_lr, seed)
+        warm = save_policy(model, processing, out / "warm")
+        extra = {"warmup_loss": losses,
+                 "tokens_per_demo": float(np.mean([len(e.input_ids) for e in demos]))}  # fmt: skip
     runs.setdefault("warm-up", {})[str(seed)] = {
         "eval": evaluate_model(client, model, layout, eval_seeds, variant, args.max_new_tokens),
-        "warmup_loss": losses,
-        "seconds": time.time() - t0,
-        "tokens_per_demo": float(np.mean([len(e.input_ids) for e in demos])),
-    }
+        "seconds": time.time() - t0, **extra,
+    }  # fmt: skip
     print(variant, seed, "warm-up:", runs["warm-up"][str(seed)]["eval"], flush=True)
-    warm = save_policy(model, processing, out / "warm")
     del model
 
     for arm in arms:
@@ -569,6 +585,7 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
             f"ppo.epochs={args.ppo_epochs}", f"ppo.actor_lr={args.actor_lr}",
             f"ppo.critic_lr={args.critic_lr}", f"ppo.kl_coef={args.kl_coef}",
             f"ppo.kl_estimator={args.kl_estimator}", f"ppo.clip={args.clip}",
+            f"ppo.filter_ratio={args.filter_ratio}",
             *([f"ppo.kl_mode={args.kl_mode}"] if args.kl_mode else []),
             "run.save_every=1000", "run.threads=1",
             f"run.out_dir='{out / arm}'", f"run.seed={seed}", "run.progress=false",
@@ -579,6 +596,12 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
         runs.setdefault(arm, {})[str(seed)] = {
             "eval": evaluate_model(client, actor, layout, eval_seeds, variant, args.max_new_tokens),
             "train_success": [m.get("success") for m in result.history],
+            "train_valid": [m.get("action_valid") for m in result.history],
+            "approx_kl": [m.get("approx_kl") for m in result.history],
+            "episodes_per_second": sum(m["episodes"] for m in result.history)
+            / sum(m["rollout_seconds"] for m in result.history),
+            "training_episodes_per_second": sum(m["episodes"] for m in result.history)
+            / sum(m["iteration_seconds"] for m in result.history),
             "train_reward": [m.get("reward") for m in result.history],
             "seconds": time.time() - t0,
         }
@@ -628,6 +651,10 @@ def summarise(report: dict[str, Any], args) -> None:
         for arm, by_seed in arms.items():
             vals = [r["eval"]["success_rate"] for r in by_seed.values()]
             out[f"{variant}/{arm}"] = over_seeds(vals)
+            sampled = [r["eval"]["sampled"]["success_rate"] for r in by_seed.values()
+                       if "sampled" in r["eval"]]  # fmt: skip
+            if sampled:
+                out[f"{variant}/{arm}"]["sampled"] = over_seeds(sampled)
     report["summary"] = out
 
 
