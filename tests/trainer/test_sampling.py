@@ -72,8 +72,14 @@ def test_the_cache_answers_as_model_generate_does(policy):
                       greedy=True)  # fmt: skip
     plain = HFPolicy(model, layout, temperature=1.0, max_new_tokens=6, batch_size=8,
                      greedy=True, kv_cache=False)  # fmt: skip
-    _play(cached)
-    _play(plain)
+    for policy in (cached, plain):
+        _play(policy)
+        # a new episode joins one that goes on (as when run_episodes refills a slot): its
+        # row starts empty, with more new tokens than the other row
+        policy([PolicyInput(episode=1, seed=1, turn=3, system_prompt="",
+                            observation=Observation("Go.", (), {}), history=[]),
+                PolicyInput(episode=9, seed=9, turn=0, system_prompt="A new level.",
+                            observation=Observation(TEXTS[0], (), {}), history=[])])  # fmt: skip
     assert cached.episodes.keys() == plain.episodes.keys()
     for k in cached.episodes:
         assert cached.episodes[k].input_ids == plain.episodes[k].input_ids
