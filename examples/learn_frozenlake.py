@@ -9,6 +9,16 @@
         --warmup-epochs 4 --hidden 128 --layers 4 --warmup-lr 1e-3 --actor-lr 5e-5 \\
         --json docs/learn_frozenlake_natural.json --plot docs/learn_frozenlake_natural.png
 
+    # held-out levels from the learning test's warm-up, PPO with the guards (18 minutes)
+    nice -n 10 .venv/bin/python examples/learn_frozenlake.py --variants natural \\
+        --arms bi_level --probe-arms bi_level --warm-up tests/trainer/data/frozenlake_warmup \\
+        --demo-levels 256 --ppo-iterations 20 --episodes 32 --actor-lr 1e-3 \\
+        --max-new-tokens 12 --filter-ratio 0.5 --kl-coef 0.01 --kl-estimator k3 \\
+        --kl-mode loss --random-repeats 3 --json docs/learn_frozenlake_heldout.json \\
+        --plot docs/learn_frozenlake_heldout.png
+    # the learning test's warm-up, again (byte-identical on the same machine)
+    .venv/bin/python examples/learn_frozenlake.py --write-test-warm-up DIR
+
 What it does, on CPU with one thread, against a real `visenv serve`:
 
 1. Levels. FrozenLake 4x4 with a random start and goal. Training levels come from each
