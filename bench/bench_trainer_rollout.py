@@ -50,6 +50,7 @@ def main() -> None:
         seeds = [train_level_seed(0, i) for i in range(args.episodes)]
         for _ in range(args.rounds):
             for mode in results:
+
                 def make_policy(mode=mode):
                     return HFPolicy(model, layout, temperature=1.0,
                                     max_new_tokens=args.max_new_tokens,

@@ -240,8 +240,6 @@ def policy_forward(
     """(token log-probs, entropies, last hidden state or None) for a batch of episodes;
     `suppressed`: the token ids sampling never gives (`ChatLayout.suppressed`)."""
     out = model(**batch.model_inputs(), use_cache=False, output_hidden_states=want_hidden)
-    logp, entropy = token_logprobs_and_entropy(
-        out.logits, batch.input_ids, temperature, suppressed
-    )
+    logp, entropy = token_logprobs_and_entropy(out.logits, batch.input_ids, temperature, suppressed)
     hidden = out.hidden_states[-1] if want_hidden else None
     return logp, entropy, hidden

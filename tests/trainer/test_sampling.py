@@ -28,9 +28,14 @@ def _play(policy: HFPolicy, episodes: int = 5, turns: int = 3) -> None:
     live = list(range(episodes))
     for turn in range(turns):
         batch = [
-            PolicyInput(episode=e, seed=e, turn=turn, system_prompt=f"You play level {e}.",
-                        observation=Observation(TEXTS[(e + turn) % len(TEXTS)], (), {}),
-                        history=[])  # fmt: skip
+            PolicyInput(
+                episode=e,
+                seed=e,
+                turn=turn,
+                system_prompt=f"You play level {e}.",
+                observation=Observation(TEXTS[(e + turn) % len(TEXTS)], (), {}),
+                history=[],
+            )  # fmt: skip
             for e in live
         ]
         policy(batch)
