@@ -9,6 +9,16 @@
         --warmup-epochs 4 --hidden 128 --layers 4 --warmup-lr 1e-3 --actor-lr 5e-5 \\
         --json docs/learn_frozenlake_natural.json --plot docs/learn_frozenlake_natural.png
 
+    # held-out levels from the learning test's warm-up, PPO with the guards (18 minutes)
+    nice -n 10 .venv/bin/python examples/learn_frozenlake.py --variants natural \\
+        --arms bi_level --probe-arms bi_level --warm-up tests/trainer/data/frozenlake_warmup \\
+        --demo-levels 256 --ppo-iterations 20 --episodes 32 --actor-lr 1e-3 \\
+        --max-new-tokens 12 --filter-ratio 0.5 --kl-coef 0.01 --kl-estimator k3 \\
+        --kl-mode loss --random-repeats 3 --json docs/learn_frozenlake_heldout.json \\
+        --plot docs/learn_frozenlake_heldout.png
+    # the learning test's warm-up, again (byte-identical on the same machine)
+    .venv/bin/python examples/learn_frozenlake.py --write-test-warm-up DIR
+
 What it does, on CPU with one thread, against a real `visenv serve`:
 
 1. Levels. FrozenLake 4x4 with a random start and goal. Training levels come from each
@@ -275,10 +285,17 @@ def play(client: EnvClient, policy, seeds: list[int], variant: str) -> dict[str,
 
 
 def evaluate_model(client, model, layout, seeds, variant, max_new_tokens) -> dict[str, Any]:
+    """Greedy play on the levels, and the success of one sampled try per level (T=1,
+    seeded) under "sampled"."""
     model.eval()
     policy = HFPolicy(model, layout, temperature=1.0, max_new_tokens=max_new_tokens,
                       batch_size=64, greedy=True)  # fmt: skip
-    return play(client, policy, seeds, variant)
+    out = play(client, policy, seeds, variant)
+    torch.manual_seed(12345)
+    sampler = HFPolicy(model, layout, temperature=1.0, max_new_tokens=max_new_tokens,
+                       batch_size=64)  # fmt: skip
+    sampled = play(client, sampler, seeds, variant)
+    return out | {"sampled": {k: sampled[k] for k in ("success_rate", "valid_answer_rate")}}
 
 
 # ----------------------------------------------------------------------------- warm-up
@@ -295,7 +312,7 @@ def warm_up(model, layout, episodes, epochs: int, lr: float, seed: int, batch_si
         total, count = 0.0, 0
         for idx in torch.randperm(len(episodes), generator=g).split(batch_size):
             batch = collate([episodes[i] for i in idx.tolist()], layout.pad_id, image_id)
-            logp, _, _ = policy_forward(model, batch, temperature=1.0)
+            logp, _, _ = policy_forward(model, batch, 1.0, suppressed=layout.suppressed)
             mask = batch.loss_mask.float()
             loss = -(logp * mask).sum() / mask.sum()
             opt.zero_grad()
@@ -305,6 +322,32 @@ def warm_up(model, layout, episodes, epochs: int, lr: float, seed: int, batch_si
             total, count = total + loss.item(), count + 1
         losses.append(total / count)
     return losses
+
+
+def build_model(client: EnvClient, cfg_env: dict[str, Any], seeds: list[int], out: Path, *,
+                seed: int, hidden: int, layers: int) -> Path:  # fmt: skip
+    """A tiny random Qwen2.5-VL whose tokenizer learnt its merges from this environment's
+    prompts (the levels `seeds`) and answers."""
+    texts = client.create([SessionOptions(ENV, config=cfg_env, seed=s, format=FORMAT)
+                           for s in seeds])  # fmt: skip
+    # (the map's rows are left out: learnt merges such as "OP" or "__" would hide where
+    # each cell is; unmerged, every cell is one token)
+    samples = [texts[0].system_prompt] * 8 + [
+        re.sub(r"^[_OGPX√]+$", "", r.observation.text, flags=re.M) for r in texts
+    ]
+    samples += [answer(list(m)) for m in (["Up"], ["Down", "Left"], ["Right", "Right", "Up"])] * 8
+    client.close([r.session_id for r in texts])
+    return build_tiny_qwen(out, seed=seed, hidden_size=hidden, layers=layers, vocab_size=1024,
+                           corpus=samples)  # fmt: skip
+
+
+def oracle_demos(client: EnvClient, layout: ChatLayout, seeds: list[int],
+                 cfg_env: dict[str, Any]) -> list[EpisodeTokens]:  # fmt: skip
+    """The oracle's episodes on these levels, as the policy's tokens, with their rewards."""
+    policy = ScriptedPolicy(oracle, layout)
+    trajs = client.run_episodes(policy, ENV, seeds, config=cfg_env, format=FORMAT,
+                                max_turns=MAX_TURNS, progress=False)  # fmt: skip
+    return [attach_rewards(policy.episodes[t.episode], t) for t in trajs]
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -369,8 +412,22 @@ def main() -> None:
     ap.add_argument("--reevaluate", action="store_true",
                     help="no training: evaluate the models a finished run left in --out again "
                     "(warm-up and last PPO checkpoint of every arm) and write --json")  # fmt: skip
+    ap.add_argument("--write-test-warm-up", default=None, metavar="DIR",
+                    help="write the warm-up tests/trainer/test_learning.py starts from to DIR "
+                    "and stop")  # fmt: skip
+    ap.add_argument("--warm-up", default=None, metavar="DIR",
+                    help="start every seed's PPO arms from this warm-up (e.g. the learning "
+                    "test's) instead of building one per seed")  # fmt: skip
+    ap.add_argument("--filter-ratio", type=float, default=1.0, help="StarPO-S, every arm")
+    ap.add_argument("--kl-coef", type=float, default=0.001, help="PPO arms' KL coefficient")
+    ap.add_argument("--kl-estimator", default="k1", choices=["k1", "k3"])
+    ap.add_argument("--kl-mode", default=None, choices=["reward", "loss"])
+    ap.add_argument("--clip", type=float, default=0.2, help="PPO ratio clip")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.write_test_warm_up:
+        write_test_warm_up(Path(args.write_test_warm_up))
+        return
     if args.reevaluate:
         reevaluate(args)
         return
@@ -434,6 +491,31 @@ def main() -> None:
     finish(report, args, save)
 
 
+def write_test_warm_up(out: Path) -> None:
+    """The learning test's starting point: a hidden-64, 2-layer model, 3 epochs on the
+    oracle's episodes of 256 levels of run seed 1, natural sentences; saved in bfloat16
+    (about 460 KB). Deterministic: the same command writes the same weights."""
+    torch.manual_seed(0)
+    proc, address = start_server()
+    try:
+        client = EnvClient(address)
+        cfg_env = env_config("natural")
+        seeds = [train_level_seed(1, i) for i in range(256)]
+        tmp = out.with_name(out.name + "-build")
+        model, processing = load_policy(build_model(client, cfg_env, seeds[:64], tmp, seed=0,
+                                                    hidden=64, layers=2))  # fmt: skip
+        layout = ChatLayout(processing)
+        losses = warm_up(model, layout, oracle_demos(client, layout, seeds, cfg_env), epochs=3,
+                         lr=3e-3, seed=0)  # fmt: skip
+        save_policy(model.to(torch.bfloat16), processing, out)
+        shutil.rmtree(tmp)
+        client.close_client()
+        print("warm-up loss per epoch:", losses)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
 def finish(report: dict[str, Any], args, save) -> None:
     summarise(report, args)
     save()
@@ -476,37 +558,28 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
     """Warm-up and every PPO arm of one variant and training seed."""
     torch.manual_seed(seed)
     cfg_env = env_config(variant)
-    demo_seeds = [train_level_seed(seed, i) for i in range(args.demo_levels)]
-    # the tokenizer learns its merges from this environment's prompts and answers
-    texts = client.create([SessionOptions(ENV, config=cfg_env, seed=s, format=FORMAT)
-                           for s in demo_seeds[:64]])  # fmt: skip
-    # (the map's rows are left out: learnt merges such as "OP" or "__" would hide where
-    # each cell is; unmerged, every cell is one token)
-    samples = [texts[0].system_prompt] * 8 + [
-        re.sub(r"^[_OGPX√]+$", "", r.observation.text, flags=re.M) for r in texts
-    ]
-    samples += [answer(list(m)) for m in (["Up"], ["Down", "Left"], ["Right", "Right", "Up"])] * 8
-    client.close([r.session_id for r in texts])
-    path = build_tiny_qwen(out / "tiny", seed=seed, hidden_size=args.hidden, layers=args.layers,
-                           vocab_size=1024, corpus=samples)  # fmt: skip
-    model, processing = load_policy(path)
-    layout = ChatLayout(processing)
-
-    demo_policy = ScriptedPolicy(oracle, layout)
-    trajs = client.run_episodes(demo_policy, ENV, demo_seeds, config=cfg_env, format=FORMAT,
-                                max_turns=MAX_TURNS, progress=False)  # fmt: skip
-    demos = [attach_rewards(demo_policy.episodes[t.episode], t) for t in trajs]
-    t0 = time.time()
-    losses = warm_up(model, layout, demos, args.warmup_epochs, args.warmup_lr, seed)
     runs = report["runs"].setdefault(variant, {})
+    t0 = time.time()
+    if args.warm_up:  # one given warm-up for every seed (its levels are in `training`)
+        model, processing = load_policy(args.warm_up)
+        layout = ChatLayout(processing)
+        warm, extra = Path(args.warm_up), {}
+    else:
+        demo_seeds = [train_level_seed(seed, i) for i in range(args.demo_levels)]
+        path = build_model(client, cfg_env, demo_seeds[:64], out / "tiny", seed=seed,
+                           hidden=args.hidden, layers=args.layers)  # fmt: skip
+        model, processing = load_policy(path)
+        layout = ChatLayout(processing)
+        demos = oracle_demos(client, layout, demo_seeds, cfg_env)
+        losses = warm_up(model, layout, demos, args.warmup_epochs, args.warmup_lr, seed)
+        warm = save_policy(model, processing, out / "warm")
+        extra = {"warmup_loss": losses,
+                 "tokens_per_demo": float(np.mean([len(e.input_ids) for e in demos]))}  # fmt: skip
     runs.setdefault("warm-up", {})[str(seed)] = {
         "eval": evaluate_model(client, model, layout, eval_seeds, variant, args.max_new_tokens),
-        "warmup_loss": losses,
-        "seconds": time.time() - t0,
-        "tokens_per_demo": float(np.mean([len(e.input_ids) for e in demos])),
-    }
+        "seconds": time.time() - t0, **extra,
+    }  # fmt: skip
     print(variant, seed, "warm-up:", runs["warm-up"][str(seed)]["eval"], flush=True)
-    warm = save_policy(model, processing, out / "warm")
     del model
 
     for arm in arms:
@@ -520,7 +593,11 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
             f"ppo.iterations={args.ppo_iterations}", f"ppo.episodes_per_iteration={args.episodes}",
             f"ppo.group_size={args.group_size}", "ppo.minibatch_size=8",
             f"ppo.epochs={args.ppo_epochs}", f"ppo.actor_lr={args.actor_lr}",
-            f"ppo.critic_lr={args.critic_lr}", "run.save_every=1000",
+            f"ppo.critic_lr={args.critic_lr}", f"ppo.kl_coef={args.kl_coef}",
+            f"ppo.kl_estimator={args.kl_estimator}", f"ppo.clip={args.clip}",
+            f"ppo.filter_ratio={args.filter_ratio}",
+            *([f"ppo.kl_mode={args.kl_mode}"] if args.kl_mode else []),
+            "run.save_every=1000", "run.threads=1",
             f"run.out_dir='{out / arm}'", f"run.seed={seed}", "run.progress=false",
             *ARMS[arm],
         ])  # fmt: skip
@@ -529,6 +606,12 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
         runs.setdefault(arm, {})[str(seed)] = {
             "eval": evaluate_model(client, actor, layout, eval_seeds, variant, args.max_new_tokens),
             "train_success": [m.get("success") for m in result.history],
+            "train_valid": [m.get("action_valid") for m in result.history],
+            "approx_kl": [m.get("approx_kl") for m in result.history],
+            "episodes_per_second": sum(m["episodes"] for m in result.history)
+            / sum(m["rollout_seconds"] for m in result.history),
+            "training_episodes_per_second": sum(m["episodes"] for m in result.history)
+            / sum(m["iteration_seconds"] for m in result.history),
             "train_reward": [m.get("reward") for m in result.history],
             "seconds": time.time() - t0,
         }
@@ -578,6 +661,10 @@ def summarise(report: dict[str, Any], args) -> None:
         for arm, by_seed in arms.items():
             vals = [r["eval"]["success_rate"] for r in by_seed.values()]
             out[f"{variant}/{arm}"] = over_seeds(vals)
+            sampled = [r["eval"]["sampled"]["success_rate"] for r in by_seed.values()
+                       if "sampled" in r["eval"]]  # fmt: skip
+            if sampled:
+                out[f"{variant}/{arm}"]["sampled"] = over_seeds(sampled)
     report["summary"] = out
 
 

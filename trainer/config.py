@@ -221,6 +221,17 @@ class RunSection(_Strict):
         1.0, ge=0, description="seconds before re-running lost episodes (doubles)"
     )
     device: str = "cpu"
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch's intra-op threads (None: torch's default). CPU sums are split "
+        "by thread, so a run repeats its numbers exactly only at a fixed count",
+    )
+    deterministic: bool = Field(
+        True,
+        description="torch.use_deterministic_algorithms (warn-only: an op with no "
+        "deterministic kernel, on a GPU, warns instead of failing)",
+    )
     progress: bool = True
     parallel: Literal["ddp", "fsdp"] = Field(
         "ddp",

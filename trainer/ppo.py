@@ -200,7 +200,9 @@ def forward(
     values[t] = V(tokens before t), see `Critic`."""
     critic = unwrap(models.critic) if models.critic is not None else None
     shared = critic is not None and critic.backbone is None
-    logp, entropy, hidden = policy_forward(models.actor, batch, temperature, want_hidden=shared)
+    logp, entropy, hidden = policy_forward(
+        models.actor, batch, temperature, want_hidden=shared, suppressed=models.layout.suppressed
+    )
     values = None
     if shared:
         values = models.critic(hidden=hidden.detach())  # a head on the policy's features
@@ -211,12 +213,12 @@ def forward(
 
 @torch.no_grad()
 def reference_logprobs(models: Models, batch: Batch, temperature: float) -> torch.Tensor:
+    model = models.reference if models.reference is not None else models.actor
+    suppressed = models.layout.suppressed
     if models.reference is not None:
-        logp, _, _ = policy_forward(models.reference, batch, temperature)
-        return logp
+        return policy_forward(model, batch, temperature, suppressed=suppressed)[0]
     with unwrap(models.actor).disable_adapter():
-        logp, _, _ = policy_forward(models.actor, batch, temperature)
-    return logp
+        return policy_forward(model, batch, temperature, suppressed=suppressed)[0]
 
 
 # ----------------------------------------------------------------------------- levels
@@ -225,7 +227,20 @@ def reference_logprobs(models: Models, batch: Batch, temperature: float) -> torc
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # CPU and every GPU
+
+
+def make_reproducible(cfg: TrainConfig) -> None:
+    """Same config and seed on the same machine: the same numbers. Every random draw
+    (sampling, minibatch order, initial weights) comes from generators seeded by
+    `seed_everything`; this fixes what else changes floating-point results: the thread
+    count (CPU reductions are split by thread) and non-deterministic kernels. Process
+    wide, as torch's settings are."""
+    if cfg.run.threads is not None:
+        torch.set_num_threads(cfg.run.threads)
+    if cfg.run.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition
+        torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def level_seeds(cfg: TrainConfig, iteration: int, rank: int, world: int) -> list[int]:
@@ -453,6 +468,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         if cfg.run.device != "cuda"
         else f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
     )
+    make_reproducible(cfg)
     seed_everything(cfg.run.seed)
     out_dir = Path(cfg.run.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

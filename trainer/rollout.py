@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from clients.client import EnvClient
 from clients.errors import VisenvError
@@ -32,13 +33,147 @@ from clients.openai_policy import OpenAIPolicy
 from clients.rollout import PolicyInput, Trajectory
 
 from .config import GenerationSection
-from .trajectory import ChatLayout, EpisodeTokens, collate
+from .trajectory import ChatLayout, EpisodeTokens, action_log_softmax, collate
 
 log = logging.getLogger(__name__)
 
 
+class _Slots(DynamicLayer):
+    """One layer's keys and values, written into spare room (doubled when full) instead
+    of concatenated onto the whole cache at every new token, as DynamicLayer does."""
+
+    _layer_type = None  # not a layer type of its own: never registered in transformers' maps
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        super().__init__()
+        self.is_initialized, self.device = True, keys.device
+        self.length = keys.shape[-2]
+        room = self.length + 64
+        self.k_room = keys.new_zeros(*keys.shape[:2], room, keys.shape[3])
+        self.v_room = values.new_zeros(*values.shape[:2], room, values.shape[3])
+        self.k_room[:, :, : self.length], self.v_room[:, :, : self.length] = keys, values
+        self.keys, self.values = keys, values
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, *args, **kwargs):
+        end = self.length + keys.shape[-2]
+        if end > self.k_room.shape[-2]:
+            more = max(end, 2 * self.k_room.shape[-2]) - self.k_room.shape[-2]
+            self.k_room = torch.cat([self.k_room, self.k_room.new_zeros(
+                *self.k_room.shape[:2], more, self.k_room.shape[3])], -2)  # fmt: skip
+            self.v_room = torch.cat([self.v_room, self.v_room.new_zeros(
+                *self.v_room.shape[:2], more, self.v_room.shape[3])], -2)  # fmt: skip
+        self.k_room[:, :, self.length : end] = keys
+        self.v_room[:, :, self.length : end] = values
+        self.length = end
+        self.keys, self.values = self.k_room[:, :, :end], self.v_room[:, :, :end]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+
+class TurnCache:
+    """Keys and values of every live episode's conversation, kept from turn to turn.
+
+    Each turn, only the tokens an episode added since its last turn (the last sampled
+    token, the chat scaffolding, the new observation) go through the model, all live
+    episodes in one batch, instead of the whole conversation again. Row r of the cache
+    holds episode `rows[r]`; `mask` marks the slots that hold a token (episodes add
+    different numbers of tokens, so a batch's shorter rows get empty, masked slots,
+    zeroed so they stay finite). Rotary positions count each row's tokens only, so a row
+    sees exactly the positions its unpadded sequence has in the update's pass.
+
+    Text-only episodes: a Qwen2.5-VL image needs 3-D positions the cache does not keep.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.rows: list[int] = []
+        self.layers: list[_Slots] = []
+        self.mask = torch.zeros(0, 0, dtype=torch.long)  # (rows, slots)
+
+    def select(self, keys: list[int], device: torch.device | str) -> None:
+        """Keep the rows of `keys`, in that order; an episode not seen yet gets an empty
+        row. Slots no kept row uses are dropped."""
+        where = {k: i for i, k in enumerate(self.rows)}
+        new = [k for k in keys if k not in where]
+        where |= {k: len(self.rows) + i for i, k in enumerate(new)}
+        self.rows += new
+        mask = torch.cat([self.mask.to(device),
+                          torch.zeros(len(new), self.mask.shape[1], dtype=torch.long,
+                                      device=device)])  # fmt: skip
+        index = torch.tensor([where[k] for k in keys], device=device)
+        mask = mask[index]
+        used = mask.any(0)
+        kept = []
+        for layer in self.layers:
+            k = torch.cat([layer.keys, layer.keys.new_zeros(len(new), *layer.keys.shape[1:])])
+            v = torch.cat([layer.values, layer.values.new_zeros(len(new), *layer.values.shape[1:])])
+            kept.append(_Slots(k[index][:, :, used], v[index][:, :, used]))
+        self.layers, self.mask, self.rows = kept, mask[:, used], list(keys)
+
+    def share(self, rows: list[int], ids: list[int]) -> None:
+        """Put the same first tokens `ids` (the system prompt every new episode starts
+        with) into the empty rows `rows`, computed once for all of them."""
+        once = DynamicCache()
+        self.model(input_ids=torch.tensor([ids], device=self.mask.device), cache=once,
+                   use_cache=True, logits_to_keep=1)  # fmt: skip
+        n, device = len(ids), self.mask.device
+        new_mask = torch.zeros(len(self.rows), n, dtype=torch.long, device=device)
+        new_mask[rows] = 1
+        written = []
+        for layer in once.layers:
+            k = layer.keys.new_zeros(len(self.rows), *layer.keys.shape[1:])
+            v = layer.values.new_zeros(len(self.rows), *layer.values.shape[1:])
+            k[rows], v[rows] = layer.keys, layer.values
+            written.append((k, v))
+        if self.layers:
+            for layer, (k, v) in zip(self.layers, written, strict=True):
+                layer.update(k, v)
+        else:
+            self.layers = [_Slots(k, v) for k, v in written]
+        self.mask = torch.cat([self.mask, new_mask], 1)
+
+    def seen(self) -> list[int]:
+        """How many tokens of each row's sequence the cache holds."""
+        return self.mask.sum(1).tolist()
+
+    def forward(self, ids: torch.Tensor, new_mask: torch.Tensor) -> torch.Tensor:
+        """Run new tokens (rows, n) through the model on top of the cache, append their keys
+        and values; returns the logits after each row's last column (rows, vocab)."""
+        positions = self.mask.sum(1, keepdim=True) + new_mask.cumsum(1) - 1
+        mask = torch.cat([self.mask, new_mask], 1)
+        cache = Cache(layers=self.layers) if self.layers else DynamicCache()
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions.clamp_min(0),
+                         cache=cache, use_cache=True, logits_to_keep=1)  # fmt: skip
+        if not self.layers:
+            self.layers = [_Slots(layer.keys, layer.values) for layer in cache.layers]
+        empty = (new_mask == 0)[:, None, :, None]
+        if empty.any():  # the new empty slots (older ones were zeroed when they were new)
+            for layer in self.layers:
+                layer.keys[:, :, -ids.shape[1] :].masked_fill_(empty, 0)
+                layer.values[:, :, -ids.shape[1] :].masked_fill_(empty, 0)
+        self.mask = mask
+        return out.logits[:, -1]
+
+
+def _common_prefix(sequences: list[list[int]]) -> list[int]:
+    """The longest start all sequences share, leaving each at least one token of its own."""
+    first, n = sequences[0], min(len(x) for x in sequences) - 1
+    for x in sequences[1:]:
+        n = next((i for i in range(n) if x[i] != first[i]), n)
+    return first[:n]
+
+
 class HFPolicy:
-    """Samples responses with a Hugging Face model; remembers every episode's tokens."""
+    """Samples responses with a Hugging Face model; remembers every episode's tokens.
+
+    Every turn, all live episodes are sampled together. Text-only episodes go through a
+    `TurnCache` (`kv_cache=True`): only each episode's new tokens are computed, and each
+    sampled token's log-prob is kept (`logprobs`, per episode and turn) under the
+    distribution the update uses (`trajectory.action_log_softmax`: temperature, special
+    tokens removed). Episodes with images go through `model.generate` in batches of
+    `batch_size`, with the same tokens suppressed."""
 
     def __init__(
         self,
@@ -50,6 +185,7 @@ class HFPolicy:
         batch_size: int,
         device: torch.device | str = "cpu",
         greedy: bool = False,
+        kv_cache: bool = True,
     ) -> None:
         self.model = model
         self.layout = layout
@@ -59,17 +195,10 @@ class HFPolicy:
         self.device = device
         self.greedy = greedy
         self.episodes: dict[int, EpisodeTokens] = {}
+        self.logprobs: dict[int, list[list[float]]] = {}  # sampled tokens' log-probs (cache only)
         self.image_token_id = layout.tok.convert_tokens_to_ids(layout.p.image_token)
-        # special tokens other than <|im_end|> are never sampled: a stray image or vision
-        # token in a response would break the layout of image positions
-        special = set(layout.tok.all_special_ids) | set(
-            layout.tok.convert_tokens_to_ids(
-                [layout.p.image_token, layout.p.vision_start, layout.p.vision_end]
-            )
-        )
-        self.suppressed = sorted(
-            i for i in special if i is not None and i != layout.im_end_id and i >= 0
-        )
+        self.suppressed = layout.suppressed
+        self.cache = TurnCache(model) if kv_cache else None
 
     def __call__(self, batch: list[PolicyInput]) -> list[str]:
         eps = []
@@ -81,13 +210,57 @@ class HFPolicy:
                 ep, inp.observation.text, [im.to_array() for im in inp.observation.images]
             )
             eps.append(ep)
+        if self.cache is not None and not any(ep.images for ep in eps):
+            generated = self.generate_cached([inp.episode for inp in batch], eps)
+        else:
+            generated = [ids for start in range(0, len(eps), self.batch_size)
+                         for ids in self.generate(eps[start : start + self.batch_size])]  # fmt: skip
         texts: list[str] = []
-        for start in range(0, len(eps), self.batch_size):
-            chunk = eps[start : start + self.batch_size]
-            for ep, generated in zip(chunk, self.generate(chunk), strict=True):
-                self.layout.response(ep, generated)
-                texts.append(self.layout.tok.decode(generated, skip_special_tokens=True))
+        for ep, ids in zip(eps, generated, strict=True):
+            self.layout.response(ep, ids)
+            texts.append(self.layout.tok.decode(ids, skip_special_tokens=True))
         return texts
+
+    @torch.no_grad()
+    def generate_cached(self, keys: list[int], episodes: list[EpisodeTokens]) -> list[list[int]]:
+        """One turn of every episode through the cache: the new tokens of all rows at
+        once, then one token per step for the rows still answering."""
+        cache, pad, end = self.cache, self.layout.pad_id, self.layout.im_end_id
+        assert cache is not None
+        cache.select(keys, self.device)
+        fresh = [row for row, n in enumerate(cache.seen()) if n == 0]
+        if len(fresh) > 1:  # new episodes: their common start (the system prompt) once
+            shared = _common_prefix([episodes[row].input_ids for row in fresh])
+            if shared:
+                cache.share(fresh, shared)
+        new = [ep.input_ids[n:] for ep, n in zip(episodes, cache.seen(), strict=True)]
+        width = max(len(x) for x in new)
+        ids = torch.tensor([[pad] * (width - len(x)) + x for x in new], device=self.device)
+        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in new],
+                            device=self.device)  # fmt: skip
+        logits = cache.forward(ids, mask)
+        out: list[list[int]] = [[] for _ in keys]
+        logps: list[list[float]] = [[] for _ in keys]
+        answering = torch.ones(len(keys), dtype=torch.bool, device=self.device)
+        for step in range(self.max_new_tokens):
+            logp = action_log_softmax(logits, self.temperature, self.suppressed)
+            if self.greedy:
+                token = logp.argmax(-1)
+            else:
+                token = torch.multinomial(logp.exp(), 1).squeeze(1)
+            chosen = logp.gather(1, token[:, None]).squeeze(1)
+            for row in answering.nonzero().flatten().tolist():
+                out[row].append(int(token[row]))
+                logps[row].append(float(chosen[row]))
+            answering &= token != end
+            if step + 1 == self.max_new_tokens or not answering.any():
+                break
+            # the last sampled token of a row is fed with the row's next turn
+            logits = cache.forward(torch.where(answering, token, pad)[:, None],
+                                   answering.long()[:, None])  # fmt: skip
+        for key, row in zip(keys, logps, strict=True):
+            self.logprobs.setdefault(key, []).append(row)
+        return out
 
     @torch.no_grad()
     def generate(self, episodes: list[EpisodeTokens]) -> list[list[int]]:

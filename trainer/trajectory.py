@@ -16,6 +16,7 @@ sequence trained on is the one the policy produced.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +74,18 @@ class ChatLayout:
         self.im_end_id = tok.convert_tokens_to_ids("<|im_end|>")
         self.newline = self._ids("\n")
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.im_end_id
+        # special tokens other than <|im_end|> never exist in a response: a stray image or
+        # vision token would break the layout of image positions. Sampling removes them,
+        # and so does every log-prob the update takes (`action_log_softmax`), so the policy
+        # trained is the one sampled from.
+        special = set(tok.all_special_ids) | set(
+            tok.convert_tokens_to_ids(
+                [processing.image_token, processing.vision_start, processing.vision_end]
+            )
+        )
+        self.suppressed = sorted(
+            i for i in special if i is not None and i != self.im_end_id and i >= 0
+        )
 
     def _ids(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False).input_ids)
@@ -183,14 +196,34 @@ def collate(
     return Batch(ids, attn, loss, ends, rewards, pixels, grids, image_token_id)
 
 
+# a finite stand-in for -inf: exp() of it is exactly 0 in float32, and unlike -inf it
+# gives no NaN in 0 * log(0) (the entropy) or in its gradient
+_REMOVED = -1e9
+
+
+def action_log_softmax(
+    logits: torch.Tensor, temperature: float, suppressed: Sequence[int] = ()
+) -> torch.Tensor:
+    """log pi over the vocabulary, exactly as sampled from: the logits divided by the
+    temperature, with the `suppressed` token ids removed (probability 0). The sampler
+    (`rollout.KVCachePolicy`) and the update (`token_logprobs_and_entropy`) both use it."""
+    logits = logits.float() / temperature
+    if len(suppressed):
+        index = torch.as_tensor(suppressed, device=logits.device)
+        logits = logits.index_fill(-1, index, _REMOVED)
+    return F.log_softmax(logits, dim=-1)
+
+
 def token_logprobs_and_entropy(
-    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    temperature: float,
+    suppressed: Sequence[int] = (),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probability of each token under the logits of the position before it, and the
-    entropy there; position 0 (never an action token) gets 0. Logits are divided by the
-    sampling temperature, so the ratio is taken under the distribution sampled from."""
-    logits = logits[:, :-1].float() / temperature
-    logp_all = F.log_softmax(logits, dim=-1)
+    entropy there; position 0 (never an action token) gets 0. The distribution is the
+    one sampled from (`action_log_softmax`: temperature, suppressed tokens removed)."""
+    logp_all = action_log_softmax(logits[:, :-1], temperature, suppressed)
     logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     zero = torch.zeros_like(logp[:, :1])
@@ -198,10 +231,15 @@ def token_logprobs_and_entropy(
 
 
 def policy_forward(
-    model: torch.nn.Module, batch: Batch, temperature: float, want_hidden: bool = False
+    model: torch.nn.Module,
+    batch: Batch,
+    temperature: float,
+    want_hidden: bool = False,
+    suppressed: Sequence[int] = (),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(token log-probs, entropies, last hidden state or None) for a batch of episodes."""
+    """(token log-probs, entropies, last hidden state or None) for a batch of episodes;
+    `suppressed`: the token ids sampling never gives (`ChatLayout.suppressed`)."""
     out = model(**batch.model_inputs(), use_cache=False, output_hidden_states=want_hidden)
-    logp, entropy = token_logprobs_and_entropy(out.logits, batch.input_ids, temperature)
+    logp, entropy = token_logprobs_and_entropy(out.logits, batch.input_ids, temperature, suppressed)
     hidden = out.hidden_states[-1] if want_hidden else None
     return logp, entropy, hidden
