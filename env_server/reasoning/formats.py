@@ -408,7 +408,7 @@ _BRACKETS = re.compile(r"[()\[\]]")
 
 def _split_top_level(answer: str, sep: str = SEPARATOR) -> tuple[list[str], str | None]:
     """Split on `sep` outside parentheses/brackets (without any, a plain split)."""
-    if _BRACKETS.search(answer) is None and sep not in "()[]":
+    if _BRACKETS.search(answer) is None:  # nor then any `sep` holding one
         return [item.strip() for item in answer.split(sep)], None
     return _walk_top_level(answer, sep)
 

@@ -127,6 +127,6 @@ ANSWER = st.text(alphabet="UpLeft,;() []x1. \n", max_size=20)
 
 
 @settings(max_examples=600, deadline=None)
-@given(answer=ANSWER, sep=st.sampled_from([",", ";", "||", " "]))
+@given(answer=ANSWER, sep=st.sampled_from([",", ";", "||", " ", "(,", "]"]))
 def test_split_top_level_agrees_with_the_character_walk(answer: str, sep: str) -> None:
     assert formats._split_top_level(answer, sep) == formats._walk_top_level(answer, sep)
