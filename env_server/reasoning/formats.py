@@ -222,8 +222,52 @@ def _layout_facts(fmt: ResponseFormat) -> tuple[tuple[str, ...], frozenset[str],
     return expected, allowed, frozenset(content_opens)
 
 
+@functools.cache
+def _layout_pattern(fmt: ResponseFormat) -> re.Pattern[str]:
+    """The whole of a well-formed response in `fmt`, each section in a group of its name
+    (<think>'s group holds its inner sections too). It may accept a response whose sections
+    hold tags or are empty; `_split_sections` checks those. ASCII-only case and whitespace:
+    whatever else a tag walk accepts (e.g. a non-breaking space between tags) is left to it."""
+
+    def section(name: str) -> str:
+        return rf"<{name}\s*>(?P<{name}>.*?)</{name}\s*>"
+
+    sections = SECTIONS[fmt]
+    if sections == ():
+        body = section("answer")
+    elif sections is None:
+        body = section("think") + r"\s*" + section("answer")
+    else:
+        inner = r"\s*".join(section(s) for s in sections)
+        body = rf"<think\s*>(?P<think>\s*{inner}\s*)</think\s*>\s*" + section("answer")
+    return re.compile(rf"\s*{body}\s*", re.DOTALL | re.IGNORECASE | re.ASCII)
+
+
 def _split_sections(text: str, fmt: ResponseFormat) -> tuple[dict[str, str | None], str | None]:
-    """The stripped sections of `text`, and the first layout error (None if the layout is right)."""
+    """The stripped sections of `text`, and the first layout error (None if the layout is right).
+
+    A well-formed response is taken apart by one match of the format's pattern; anything
+    else (or a match whose sections hold a tag or are empty) goes through the tag walk,
+    which says what is wrong. Both give the same sections and errors for every text."""
+    match = _layout_pattern(fmt).fullmatch(text)
+    if match is not None:
+        groups = match.groupdict()
+        structured = SECTIONS[fmt] is not None  # <think> holds tags: its sections are checked
+        fields: dict[str, str | None] = {}
+        for name, value in groups.items():
+            stripped = value.strip()
+            if not stripped or (
+                "<" in value and not (structured and name == "think") and _TAG.search(value)
+            ):
+                return _walk_sections(text, fmt)
+            fields[name] = stripped
+        return fields, None
+    return _walk_sections(text, fmt)
+
+
+def _walk_sections(text: str, fmt: ResponseFormat) -> tuple[dict[str, str | None], str | None]:
+    """`_split_sections` by walking every tag of `text`: the sections that appear once, and
+    the first layout error."""
     expected, allowed, content_opens = _layout_facts(fmt)
     # in free_think anything may be written inside <think>, except our own tags
     matches = list(_TAG.finditer(text))
@@ -359,8 +403,18 @@ def _parse_call(
     return Action(name=name, args=tuple(args)), None
 
 
+_BRACKETS = re.compile(r"[()\[\]]")
+
+
 def _split_top_level(answer: str, sep: str = SEPARATOR) -> tuple[list[str], str | None]:
-    """Split on `sep` outside parentheses/brackets."""
+    """Split on `sep` outside parentheses/brackets (without any, a plain split)."""
+    if _BRACKETS.search(answer) is None:  # nor then any `sep` holding one
+        return [item.strip() for item in answer.split(sep)], None
+    return _walk_top_level(answer, sep)
+
+
+def _walk_top_level(answer: str, sep: str = SEPARATOR) -> tuple[list[str], str | None]:
+    """`_split_top_level` character by character, counting the brackets' depth."""
     items, depth, start, i = [], 0, 0, 0
     while i < len(answer):
         ch = answer[i]
