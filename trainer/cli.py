@@ -38,6 +38,11 @@ def main_command(
         bool, typer.Option("--verbose", "-v", help="log every iteration's metrics")
     ] = False,
 ) -> None:
+    """Train a policy with PPO (or GRPO) on episodes played against visenv servers.
+
+    The YAML config names the servers, the environment, the model and the PPO settings (docs/trainer.md).
+
+    Metrics, checkpoints and sampled episodes go to run.out_dir; a run started again with the same run.out_dir resumes after its last checkpoint."""
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

@@ -233,6 +233,13 @@ class RunSection(_Strict):
         "deterministic kernel, on a GPU, warns instead of failing)",
     )
     progress: bool = True
+    save_episodes: int = Field(
+        4,
+        ge=0,
+        description="sampled episodes of each iteration written, with their images, to "
+        "run.out_dir/episodes/iter-NNNNNN.jsonl in the episode-file format "
+        "(clients.episodes; the play page opens it); 0 writes none",
+    )
     parallel: Literal["ddp", "fsdp"] = Field(
         "ddp",
         description="under torchrun: ddp (a whole model per process) or fsdp "

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch import nn
 
 from clients.client import EnvClient
+from clients.episodes import episode_json, write_episodes
 from clients.eval import train_level_seed
 
 from .advantages import ESTIMATORS, AdvantageInputs, masked_mean, masked_whiten
@@ -429,6 +430,15 @@ def rewrite_metrics(out_dir: Path, history: list[dict]) -> None:
             f.write(json.dumps(m) + "\n")
 
 
+def save_episodes(out_dir: Path, iteration: int, trajectories: list[Any]) -> None:
+    """Some of the iteration's sampled episodes, in the file format the play page opens
+    and `visenv eval --out` writes (clients.episodes): one file per iteration, so an
+    iteration redone after a resume replaces its own."""
+    if trajectories:
+        lines = [episode_json(t) | {"iteration": iteration} for t in trajectories]
+        write_episodes(out_dir / "episodes" / f"iter-{iteration:06d}.jsonl", lines)
+
+
 def log_metrics(out_dir: Path, writer: Any, metrics: dict[str, Any]) -> None:
     with open(out_dir / "metrics.jsonl", "a") as f:
         f.write(json.dumps(metrics) + "\n")
@@ -599,6 +609,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             history.append(metrics)
             if rank == 0:
                 log_metrics(out_dir, writer, metrics)
+                save_episodes(out_dir, iteration, collected.trajectories[: cfg.run.save_episodes])
                 plot_learning_curves(history, out_dir / "learning_curves.png")
                 bar.set_postfix(
                     reward=f"{metrics.get('reward', 0):.2f}",

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from clients.client import EnvClient
+from clients.episodes import read_episodes
 from trainer.config import load_config
 from trainer.model import load_policy
 from trainer.ppo import latest_checkpoint, train
@@ -90,6 +91,11 @@ def test_ppo_runs_checkpoints_and_resumes(visenv_server, tiny_model_path, tmp_pa
         _probe_logits(initial, layout, image_id), _probe_logits(trained, layout, image_id)
     )
     assert (out / "learning_curves.png").stat().st_size > 0
+    # sampled episodes, in the episode-file format the play page opens
+    for it in (0, 1):
+        saved = list(read_episodes(out / "episodes" / f"iter-{it:06d}.jsonl"))
+        assert len(saved) == 4 and {e["iteration"] for e in saved} == {it}
+        assert all(e["steps"] and e["steps"][0]["response"] for e in saved)
     assert any((out / "tensorboard").iterdir())
 
     # resume: a longer run continues at iteration 2
