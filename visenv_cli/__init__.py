@@ -13,8 +13,10 @@ visenv levels sokoban --seeds 0:200 --out levels.jsonl [--policy random --server
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import sys
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
@@ -34,6 +36,21 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+@contextlib.contextmanager
+def _server_extra(command: str) -> Iterator[None]:
+    """A client-only install (`pip install visenv`) has no server: say which extra brings it."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        typer.secho(
+            f"visenv {command} needs the server, which this install lacks (no module "
+            f"{exc.name!r}): pip install 'visenv[server]'",
+            fg=typer.colors.RED,
+            err=True,
+        )
+        raise typer.Exit(1) from None
 
 
 @app.command()
@@ -135,10 +152,11 @@ def serve(
     VISENV_WORKERS, ...), then the defaults. Prints the HTTP, gRPC, docs and play
     addresses; stop with Ctrl-C.
     """
-    from pydantic import ValidationError
+    with _server_extra("serve"):
+        from pydantic import ValidationError
 
-    from env_server.api.app import serve as run_server
-    from env_server.service.settings import Settings
+        from env_server.api.app import serve as run_server
+        from env_server.service.settings import Settings
 
     given = {
         "host": host,
@@ -169,7 +187,8 @@ def serve(
 @app.command("envs")
 def list_envs() -> None:
     """List the registered environments and whether each can run on this machine."""
-    from env_server.core import registry
+    with _server_extra("envs"):
+        from env_server.core import registry
 
     for name in registry.names():
         try:

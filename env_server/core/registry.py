@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 from dataclasses import dataclass
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, metadata
 
 from .env import EnvConfig, Environment
 from .types import EnvError
@@ -63,10 +63,19 @@ def load(name: str) -> type[Environment]:
     except ImportError as exc:
         raise EnvError(
             f"environment {name!r} cannot be imported here: {exc}. "
-            f"Install its extra: pip install 'visenv[{name}]'",
+            f"Install its extra: pip install 'visenv[{_extra_of(name)}]'",
             code="UNAVAILABLE",
         ) from exc
     return getattr(module, attr)
+
+
+def _extra_of(name: str) -> str:
+    """The pip extra that brings environment `name`: its own (svg, ...), else the server's."""
+    try:
+        extras = metadata("visenv").get_all("Provides-Extra") or []
+    except PackageNotFoundError:  # run from a checkout, not installed
+        extras = []
+    return name if name in extras else "server"
 
 
 def info(name: str) -> EnvInfo:
