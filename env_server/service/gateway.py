@@ -56,6 +56,7 @@ from .upstream import Upstream, UpstreamDown
 
 Result = SessionReply | ServiceError
 log = logging.getLogger("visenv.gateway")
+HEALTH_PROBE_SECONDS = 2.0  # how long /health waits for the upstreams' own figures
 
 
 def _validate(model: type[BaseModel], item: Any) -> BaseModel | ServiceError:
@@ -427,6 +428,13 @@ class GatewayService:
         return result
 
     async def health(self) -> dict[str, Any]:
+        # asked now, not at the last refresh: a client that just closed its sessions reads
+        # 0; an upstream that is slow to answer leaves its last known figures
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*(self._probe(s) for s in list(self._servers.values()))),
+                HEALTH_PROBE_SECONDS,
+            )
         servers = sorted(self._servers.values(), key=lambda s: s.address)
         now = time.monotonic()
         return {
