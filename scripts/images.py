@@ -13,7 +13,9 @@ its differences from the official image are listed in docker/README.md.
 `test` runs each image on loopback, waits for its own HEALTHCHECK, plays a default session
 of every environment it serves (create, one step, the frame decoded at the size the env
 declares), then brings up `envs` from the root compose.yaml (docker compose or
-podman-compose) and plays every environment through the gateway's REST and gRPC ports.
+podman-compose; HAProxy in front of the gateway replicas, a stand-in from Debian's haproxy
+where haproxy:3.0-alpine cannot be pulled) and plays every environment through its REST
+and gRPC ports.
 Everything it started is taken down, also on failure. A failure names the image, the step
 and the container's last log lines.
 """
