@@ -541,12 +541,19 @@ def test_compose(eng: str, families: list[str]) -> dict:
     try:
         if up.returncode:
             raise Failure("compose", "up", up.stdout[-2000:] + up.stderr[-2000:])
+        replicas = declared["gateway"].get("deploy", {}).get("replicas", 1)
+        got = _compose_containers(eng, "gateway")
+        if len(got) != replicas:
+            raise Failure("compose", "up", f"gateway replicas {got}, compose.yaml asks {replicas}")
         gateway = _compose_container(eng, "envs")  # HAProxy in front of the gateways
         http, grpc = port_of(eng, gateway, 8000), port_of(eng, gateway, 50051)
         want = sorted(e for f in families for e in FAMILIES[f][1])
-        _wait_gateway(eng, gateway, http, want, limit=300)
+        _wait_gateway(eng, gateway, http, want, replicas, limit=300)
         ready = time.monotonic() - start
-        say(f"compose: gateway lists {', '.join(want)} {ready:.1f} s after up")
+        say(
+            f"compose: envs ({PROXY}) in front of {replicas} gateway replicas lists "
+            f"{', '.join(want)} {ready:.1f} s after up"
+        )
         try:
             rest = play(http, "http", want)
             grpc_took = play(grpc, "grpc", want)
@@ -611,10 +618,14 @@ def _compose_containers(eng: str, service: str) -> list[str]:
     ).stdout.split()
 
 
-def _wait_gateway(eng: str, gateway: str, http: str, want: list[str], limit: float) -> None:
+def _wait_gateway(
+    eng: str, gateway: str, http: str, want: list[str], replicas: int, limit: float
+) -> None:
+    """Until `envs` answers `want` on 2 x replicas health checks in a row: HAProxy takes
+    each connection to the next replica, and every replica must list every env."""
     import httpx
 
-    start, seen = time.monotonic(), None
+    start, seen, in_a_row = time.monotonic(), None, 0
     while time.monotonic() - start < limit:
         state = run(
             eng, "inspect", gateway, "--format", "{{.State.Status}}", check=False, capture=True
@@ -624,11 +635,12 @@ def _wait_gateway(eng: str, gateway: str, http: str, want: list[str], limit: flo
             raise Failure(f"compose envs ({PROXY})", "start", detail)
         try:
             seen = httpx.get(f"http://{http}/health", timeout=5).json().get("envs")
-            if seen == want:
-                return
         except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(2)
+            seen = None
+        in_a_row = in_a_row + 1 if seen == want else 0
+        if in_a_row >= 2 * replicas:
+            return
+        time.sleep(0.2 if in_a_row else 2)
     replicas = _compose_containers(eng, "gateway")
     raise Failure(
         f"compose envs ({PROXY})",
