@@ -13,7 +13,9 @@ its differences from the official image are listed in docker/README.md.
 `test` runs each image on loopback, waits for its own HEALTHCHECK, plays a default session
 of every environment it serves (create, one step, the frame decoded at the size the env
 declares), then brings up `envs` from the root compose.yaml (docker compose or
-podman-compose) and plays every environment through the gateway's REST and gRPC ports.
+podman-compose; HAProxy in front of the gateway replicas, a stand-in from Debian's haproxy
+where haproxy:3.0-alpine cannot be pulled) and plays every environment through its REST
+and gRPC ports.
 Everything it started is taken down, also on failure. A failure names the image, the step
 and the container's last log lines.
 """
@@ -55,6 +57,17 @@ PODMAN_PACKAGES = [
     "uidmap",
     "debootstrap",
 ]
+PROXY = "haproxy:3.0-alpine"  # docker/compose.yaml's `envs`
+PROXY_FULL = "docker.io/library/" + PROXY
+# the stand-in where PROXY cannot be pulled: like the official image, haproxy on PATH,
+# /bin/sh, user haproxy, SIGUSR1 (soft stop) to stop
+PROXY_STAND_IN = f"""FROM {BASE_FULL}
+RUN apt-get update && apt-get install -y --no-install-recommends haproxy \\
+    && rm -rf /var/lib/apt/lists/*
+USER haproxy
+STOPSIGNAL SIGUSR1
+LABEL {STAND_IN_LABEL}=debian-bookworm-haproxy
+"""
 STATE = ROOT / ".images"  # generated engine config (ignored by git)
 PROJECT = "visenv-image-test"  # compose project name used by `test`
 
@@ -151,22 +164,49 @@ def compose_cmd(eng: str) -> list[str]:
 
 
 # ------------------------------------------------------------------- the base image
-def ensure_base(eng: str) -> None:
-    """The official base when it can be pulled, else the stand-in (said so, labelled)."""
-    have = run(eng, "image", "inspect", BASE_FULL, check=False, capture=True)
+def _local_or_pulled(eng: str, name: str) -> bool:
+    """Whether image `name` (docker.io/library/...) is here or could be pulled; says so
+    when the one here is our stand-in."""
+    have = run(eng, "image", "inspect", name, check=False, capture=True)
     if have.returncode == 0:
         labels = json.loads(have.stdout)[0].get("Config", {}).get("Labels") or {}
         if labels.get(STAND_IN_LABEL):
-            say(f"base {BASE}: the local stand-in (no registry reachable), see docker/README.md")
-        return
-    pulled = run(eng, "pull", BASE_FULL, check=False, capture=True, timeout=180)
+            say(f"{name}: the local stand-in (no registry reachable), see docker/README.md")
+        return True
+    pulled = run(eng, "pull", name, check=False, capture=True, timeout=180)
     if pulled.returncode == 0:
+        return True
+    say(f"cannot pull {name} ({pulled.stderr.strip().splitlines()[-1:]})")
+    return False
+
+
+def ensure_base(eng: str) -> None:
+    """The official base when it can be pulled, else the stand-in (said so, labelled)."""
+    if not _local_or_pulled(eng, BASE_FULL):
+        say(
+            f"making a stand-in {BASE} from Debian bookworm packages (debootstrap), "
+            "see docker/README.md"
+        )
+        make_stand_in(eng)
+
+
+def ensure_proxy(eng: str) -> None:
+    """The compose file's HAProxy in front of the gateways (`envs`): the official image
+    when it can be pulled, else a stand-in under its name from Debian bookworm's haproxy
+    package (2.6, not 3.0; see docker/README.md), built on the base image."""
+    if _local_or_pulled(eng, PROXY_FULL):
         return
-    say(
-        f"cannot pull {BASE} ({pulled.stderr.strip().splitlines()[-1:]}); making a stand-in "
-        "from Debian bookworm packages (debootstrap), see docker/README.md"
-    )
-    make_stand_in(eng)
+    ensure_base(eng)
+    say(f"making a stand-in {PROXY}: Debian bookworm's haproxy on {BASE}, see docker/README.md")
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="visenv-proxy-") as tmp:
+        (Path(tmp) / "Containerfile").write_text(PROXY_STAND_IN)
+        extra = ["--pull=never", "--format", "docker"] if eng == "podman" else []
+        out = run(eng, "build", *extra, "-t", PROXY_FULL, tmp, check=False)
+    if out.returncode:
+        raise Failure(PROXY, "stand-in build", f"{eng} build exited {out.returncode} (log above)")
+    version = run(eng, "run", "--rm", PROXY_FULL, "haproxy", "-v", capture=True).stdout
+    say(f"stand-in {PROXY} made in {time.monotonic() - start:.0f} s: {version.splitlines()[0]}")
 
 
 SOURCES = f"""Types: deb
@@ -482,6 +522,7 @@ def test_compose(eng: str, families: list[str]) -> dict:
 
     declared = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())["services"]
     services = [s for s in declared if s not in FAMILIES or s in families]
+    ensure_proxy(eng)
     down = [*compose, "down", "-t", "5"]
     run(*down, check=False, capture=True, env=env, cwd=ROOT)
     start = time.monotonic()
@@ -500,12 +541,19 @@ def test_compose(eng: str, families: list[str]) -> dict:
     try:
         if up.returncode:
             raise Failure("compose", "up", up.stdout[-2000:] + up.stderr[-2000:])
-        gateway = _compose_container(eng, "envs")
+        replicas = declared["gateway"].get("deploy", {}).get("replicas", 1)
+        got = _compose_containers(eng, "gateway")
+        if len(got) != replicas:
+            raise Failure("compose", "up", f"gateway replicas {got}, compose.yaml asks {replicas}")
+        gateway = _compose_container(eng, "envs")  # HAProxy in front of the gateways
         http, grpc = port_of(eng, gateway, 8000), port_of(eng, gateway, 50051)
         want = sorted(e for f in families for e in FAMILIES[f][1])
-        _wait_gateway(eng, gateway, http, want, limit=300)
+        _wait_gateway(eng, gateway, http, want, replicas, limit=300)
         ready = time.monotonic() - start
-        say(f"compose: gateway lists {', '.join(want)} {ready:.1f} s after up")
+        say(
+            f"compose: envs ({PROXY}) in front of {replicas} gateway replicas lists "
+            f"{', '.join(want)} {ready:.1f} s after up"
+        )
         try:
             rest = play(http, "http", want)
             grpc_took = play(grpc, "grpc", want)
@@ -548,36 +596,57 @@ def free_port() -> int:
 
 
 def _compose_container(eng: str, service: str) -> str:
-    out = run(
+    out = _compose_containers(eng, service)
+    if not out:
+        raise Failure("compose", "up", f"no container for service {service}")
+    return out[0]
+
+
+def _compose_containers(eng: str, service: str) -> list[str]:
+    return run(
         eng,
         "ps",
+        "-a",
         "--filter",
         f"label=com.docker.compose.project={PROJECT}",
         "--filter",
         f"label=com.docker.compose.service={service}",
         "--format",
         "{{.Names}}",
+        check=False,
         capture=True,
     ).stdout.split()
-    if not out:
-        raise Failure("compose", "up", f"no container for service {service}")
-    return out[0]
 
 
-def _wait_gateway(eng: str, gateway: str, http: str, want: list[str], limit: float) -> None:
+def _wait_gateway(
+    eng: str, gateway: str, http: str, want: list[str], replicas: int, limit: float
+) -> None:
+    """Until `envs` answers `want` on 2 x replicas health checks in a row: HAProxy takes
+    each connection to the next replica, and every replica must list every env."""
     import httpx
 
-    start, seen = time.monotonic(), None
+    start, seen, in_a_row = time.monotonic(), None, 0
     while time.monotonic() - start < limit:
+        state = run(
+            eng, "inspect", gateway, "--format", "{{.State.Status}}", check=False, capture=True
+        ).stdout.strip()
+        if state in ("exited", "dead", ""):
+            detail = f"`envs` container {state or 'gone'}\n    {logs(eng, gateway)}"
+            raise Failure(f"compose envs ({PROXY})", "start", detail)
         try:
             seen = httpx.get(f"http://{http}/health", timeout=5).json().get("envs")
-            if seen == want:
-                return
         except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(2)
+            seen = None
+        in_a_row = in_a_row + 1 if seen == want else 0
+        if in_a_row >= 2 * replicas:
+            return
+        time.sleep(0.2 if in_a_row else 2)
+    replicas = _compose_containers(eng, "gateway")
     raise Failure(
-        "compose envs", "health", f"gateway lists {seen}, want {want}\n    " + logs(eng, gateway)
+        f"compose envs ({PROXY})",
+        "health",
+        f"gateway lists {seen}, want {want}\n    "
+        + "\n    ".join(f"{c} {logs(eng, c)}" for c in [gateway, *replicas]),
     )
 
 

@@ -40,3 +40,16 @@ def test_expected_frame_sizes_follow_the_config_defaults():
     assert images.expected_side("frozenlake", schema(size=4, image_size=None)) == (256, 256)
     assert images.expected_side("frozenlake", schema(size=4, image_size=100)) == (100, 100)
     assert images.expected_side("svg", schema(image_size=256)) == (256, 256)
+
+
+def test_every_image_compose_pulls_has_a_stand_in():
+    """compose.yaml's images that are not built here are the ones the script can stand in
+    for when no registry answers (the base image, and HAProxy in front of the gateways)."""
+    import yaml
+
+    services = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())["services"]
+    built = {image for image, _ in images.FAMILIES.values()}
+    pulled = {s["image"] for s in services.values() if s["image"] not in built}
+    assert pulled == {images.PROXY}
+    assert images.PROXY_STAND_IN.startswith(f"FROM {images.BASE_FULL}\n")
+    assert f"LABEL {images.STAND_IN_LABEL}=" in images.PROXY_STAND_IN
