@@ -9,7 +9,8 @@ dm_env_rpc's `compliance/` package: one module per idea.
   hand, deliberately independent of `visenv.wire`;
 - `tiny_env`: `TinyEnv`, a small real environment whose actions and seeds make the
   failures a server must survive (registered by tests as "tiny",
-  `env_server.testing:TinyEnv`).
+  `env_server.testing:TinyEnv`);
+- `launcher`: `launch_server`, a real `visenv serve` subprocess for tests and benches.
 
 Everything public is re-exported here: `from env_server.testing import EnvironmentContract`.
 """
