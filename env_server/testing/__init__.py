@@ -25,7 +25,7 @@ from env_server.testing.environment_contract import (
     assert_same_frames,
 )
 from env_server.testing.server_contract import OraclePlan, ServerContract, assert_close_truth
-from env_server.testing.tiny_env import TINY_CELL, TINY_SPACE, TinyConfig, TinyEnv
+from env_server.testing.tiny_env import TINY_CELL, TINY_PATH, TINY_SPACE, TinyConfig, TinyEnv
 from env_server.testing.wire_client import (
     SERVER_TIMEOUT,
     GrpcWire,
@@ -37,6 +37,7 @@ from env_server.testing.wire_client import (
 __all__ = [
     "SERVER_TIMEOUT",
     "TINY_CELL",
+    "TINY_PATH",
     "TINY_SPACE",
     "UNKNOWN_ACTION",
     "EnvironmentContract",

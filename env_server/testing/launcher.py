@@ -11,6 +11,7 @@ output collected in `server.output`.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -24,9 +25,11 @@ from typing import Literal
 
 import httpx
 
+from env_server.testing.tiny_env import TINY_PATH
+
 ROOT = Path(__file__).resolve().parents[2]  # the repository: the server's cwd
 SERVING = re.compile(r"visenv serving: HTTP (http://[\d.]+:\d+)\s+gRPC ([\d.]+:\d+)?")
-TINY = '{"tiny": "env_server.testing:TinyEnv"}'
+TINY = json.dumps({"tiny": TINY_PATH})  # VISENV_ENV_PATHS of a test server
 
 # how far `launch_server` waits: the banner only, until /health answers at all, or until
 # /health says the service has started and warmed

@@ -33,6 +33,7 @@ class TinyConfig(EnvConfig):
     )
 
 
+TINY_PATH = "env_server.testing:TinyEnv"  # the import path servers load it from
 TINY_CELL = 8  # pixels per cell side
 TINY_SPACE = ActionSpace(
     ActionKind.DISCRETE, ("Left", "Right", "Crash", "Exit", "Hang"), max_per_turn=2

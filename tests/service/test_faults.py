@@ -10,11 +10,9 @@ from __future__ import annotations
 import json
 import time
 
-import grpc
 import pytest
 
 from visenv.v1 import visenv_pb2 as pb
-from visenv.v1 import visenv_pb2_grpc as pb_grpc
 
 
 @pytest.fixture(scope="module")
@@ -25,12 +23,6 @@ def server():
     srv = launch_server(extra_env={"VISENV_DEADLINES": json.dumps({"tiny": 3})})
     yield srv
     srv.stop()
-
-
-@pytest.fixture(scope="module")
-def stub(server):
-    with grpc.insecure_channel(server.grpc) as channel:
-        yield pb_grpc.VisenvStub(channel)
 
 
 def _sessions(client) -> int:

@@ -53,12 +53,6 @@ def http(server):
 
 
 @pytest.fixture(scope="module")
-def stub(server):
-    with grpc.insecure_channel(server.grpc) as channel:
-        yield pb_grpc.VisenvStub(channel)
-
-
-@pytest.fixture(scope="module")
 def witness(http):
     """A session no request of these tests touches: it must stay exactly as it was."""
     sid = http.post("/v1/sessions", json={"env": "sokoban", "seed": 5}).json()["session_id"]
