@@ -19,9 +19,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from env_server.testing.launcher import VisenvServer, launch_server, launch_servers
-
-__all__ = ["VisenvServer", "launch_server", "launch_servers", "serve_app"]
+from env_server.testing.launcher import VisenvServer, launch_server
 
 
 @contextlib.contextmanager

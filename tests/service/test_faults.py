@@ -17,7 +17,7 @@ from visenv.v1 import visenv_pb2 as pb
 
 @pytest.fixture(scope="module")
 def server():
-    from tests.conftest import launch_server
+    from env_server.testing.launcher import launch_server
 
     # a 3 s deadline for tiny (the stuck env), the default for the rest
     srv = launch_server(extra_env={"VISENV_DEADLINES": json.dumps({"tiny": 3})})

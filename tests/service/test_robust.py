@@ -34,7 +34,7 @@ FAULTY = {"Crash", "Exit", "Hang"}  # tiny's actions that fail on purpose (test_
 
 @pytest.fixture(scope="module")
 def server():
-    from tests.conftest import launch_server
+    from env_server.testing.launcher import launch_server
 
     srv = launch_server(
         extra_env={
