@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -34,10 +33,10 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from env_server.testing.launcher import launch_server  # noqa: E402
 from visenv.v1 import visenv_pb2 as pb  # noqa: E402
 from visenv.v1 import visenv_pb2_grpc as pb_grpc  # noqa: E402
 
-SERVING = re.compile(r"visenv serving: HTTP (http://[\d.]+:\d+)\s+gRPC ([\d.]+:\d+)")
 ENV = "frozenlake"
 
 
@@ -45,32 +44,11 @@ class Server:
     """`visenv serve` in its own process group; times of its start-up milestones."""
 
     def __init__(self, envs: str, workers: int, extra: list[str] = ()) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("VISENV_")}
-        env["PYTHONPATH"] = str(ROOT)
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "visenv_cli", "serve", "--host", "127.0.0.1", "--port", "0",
-             "--grpc-port", "0", "--workers", str(workers), "--envs", envs,
-             "--idle-timeout", "0", *extra],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True,
-        )  # fmt: skip
-        self.found: list[re.Match] = []
-        self.printed_at: float | None = None
-        threading.Thread(target=self._read, daemon=True).start()
-        deadline = time.monotonic() + 300
-        while not self.found:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise SystemExit("visenv serve did not start")
-            time.sleep(0.01)
-        self.url, self.grpc = self.found[0][1], self.found[0][2]
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:  # type: ignore[union-attr]
-            if (m := SERVING.search(line)) and not self.found:
-                self.printed_at = time.monotonic() - self.started
-                self.found.append(m)
+        server = launch_server(workers=workers, envs=envs, idle_timeout=0, args=extra,
+                               timeout=300, ready="banner")  # fmt: skip
+        self.proc, self.printed_at = server.proc, server.banner_s
+        self.url, self.grpc = server.url, server.grpc
 
     def first_answer(self) -> float:
         """Seconds from the start to the first answered /v1/envs (it waits for the workers)."""

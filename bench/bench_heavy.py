@@ -17,12 +17,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import re
 import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -35,8 +33,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_transport import ServerCPU  # noqa: E402
 
 from clients import AsyncEnvClient, SessionOptions  # noqa: E402
+from env_server.testing.launcher import launch_server  # noqa: E402
 
-SERVING = re.compile(r"visenv serving: HTTP http://([\d.]+:\d+)\s+gRPC ([\d.]+:\d+)")
 STEPS = {"navigation": 20, "primitive_skill": 4, "svg": 10}
 NAV = ("moveahead", "rotateleft", "rotateright", "moveahead, moveahead", "lookdown, lookup")
 SVG = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 72 72"><circle cx="36" cy="36" '
@@ -105,27 +103,9 @@ async def bench_env(env: str, args: argparse.Namespace, grpc: str, server: Serve
 
 
 def start(args: argparse.Namespace) -> tuple[subprocess.Popen, str, str, float]:
-    cmd = [sys.executable, "-m", "visenv_cli", "serve", "--host", "127.0.0.1", "--port", "0",
-           "--grpc-port", "0", "--workers", str(args.workers), "--envs", ",".join(args.envs)]  # fmt: skip
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if SERVING.search(line):
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(900):
-        proc.kill()
-        raise SystemExit("visenv serve did not start:\n" + "".join(lines))
-    m = next(SERVING.search(x) for x in lines if SERVING.search(x))
-    return proc, m[1], m[2], time.perf_counter() - t0
+    server = launch_server(workers=args.workers, envs=",".join(args.envs), timeout=900,
+                           ready="banner", inherit_env=True)  # fmt: skip
+    return server.proc, server.http, server.grpc, server.banner_s
 
 
 async def run(args: argparse.Namespace) -> None:

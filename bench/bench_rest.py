@@ -27,12 +27,10 @@ import asyncio
 import json
 import os
 import random
-import re
 import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,10 +46,10 @@ from bench_transport import ServerCPU, client_cpu  # noqa: E402  (same folder)
 from env_server.service import images as images_module  # noqa: E402
 from env_server.service import worker as worker_module  # noqa: E402
 from env_server.service.messages import Create, Reset, Step  # noqa: E402
+from env_server.testing.launcher import launch_server  # noqa: E402
 
 MOVES = ("Up", "Down", "Left", "Right")
 CONFIG = {"dim_room": [6, 6], "num_boxes": 1, "tile_size": 16}
-SERVING = re.compile(r"visenv serving: HTTP (http://[\d.]+:\d+)")
 DESCRIPTION = "The box is below and to the left of the player. The target is below the player."
 
 
@@ -255,33 +253,9 @@ def rest_concurrent(url: str, rest: Rest, n: int, rng: random.Random):
 
 
 def start_server(workers: int) -> tuple[subprocess.Popen, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VISENV_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "visenv_cli", "serve", "--host", "127.0.0.1", "--port", "0",
-         "--grpc-port", "0", "--workers", str(workers), "--envs", "sokoban",
-         "--idle-timeout", "0"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    found: list[str] = []
-
-    def read() -> None:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            if (m := SERVING.search(line)) and not found:
-                found.append(m[1])
-
-    threading.Thread(target=read, daemon=True).start()
-    deadline = time.monotonic() + 120
-    while not found:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("visenv serve did not start")
-        time.sleep(0.05)
-    while True:
-        try:
-            httpx.get(found[0] + "/health").raise_for_status()
-            return proc, found[0]
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    server = launch_server(workers=workers, envs="sokoban", idle_timeout=0, timeout=120,
+                           ready="answers")  # fmt: skip
+    return server.proc, server.url
 
 
 def print_table(results: list[Result]) -> None:

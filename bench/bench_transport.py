@@ -23,12 +23,10 @@ import asyncio
 import gc
 import json
 import random
-import re
 import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -45,12 +43,12 @@ from single_session import SingleSessionRest  # noqa: E402  (this folder)
 
 from clients import AsyncEnvClient, SessionOptions  # noqa: E402
 from clients.transport import GrpcTransport, HttpTransport, StepItem  # noqa: E402
+from env_server.testing.launcher import launch_server  # noqa: E402
 from visenv.v1 import visenv_pb2 as pb  # noqa: E402
 
 MOVES = ("Up", "Down", "Left", "Right")
 GRID = "######\n#_P__#\n#_X__#\n#__O_#\n#____#\n######"
 CONFIG = {"dim_room": [6, 6], "num_boxes": 1, "tile_size": 16}
-SERVING = re.compile(r"visenv serving: HTTP http://([\d.]+:\d+)\s+gRPC ([\d.]+:\d+)")
 
 
 def response(rng: random.Random) -> str:
@@ -269,26 +267,11 @@ async def bytes_per_env_step(
 
 
 def start_server(workers: int) -> tuple[subprocess.Popen, str, str]:
-    cmd = [sys.executable, "-m", "visenv_cli", "serve", "--host", "127.0.0.1", "--port", "0",
-           "--grpc-port", "0", "--workers", str(workers), "--envs", "sokoban"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if SERVING.search(line):
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(180):
-        proc.kill()
-        raise SystemExit("visenv serve did not start:\n" + "".join(lines))
-    m = next(SERVING.search(x) for x in lines if SERVING.search(x))
-    return proc, m[1], m[2]
+    """`visenv serve` (sokoban only) as started for the benches: its process, HTTP address
+    (no scheme) and gRPC address, once its banner is out."""
+    server = launch_server(workers=workers, envs="sokoban", timeout=180, ready="banner",
+                           inherit_env=True)  # fmt: skip
+    return server.proc, server.http, server.grpc
 
 
 def table(results: list[Result], title: str) -> Table:

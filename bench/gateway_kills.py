@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from clients import EnvClient, SessionOptions  # noqa: E402
-from tests.conftest import VisenvServer, launch_servers  # noqa: E402
+from env_server.testing.launcher import VisenvServer, launch_servers  # noqa: E402
 
 OPTIONS = {"env": "tiny", "format": "no_think", "config": {"length": 32, "max_turns": 1000}}
 MOVES = ("<answer>Left</answer>", "<answer>Right</answer>")

@@ -31,7 +31,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -148,28 +147,11 @@ def drive_in_process(seconds: float) -> None:
 
 
 def start_server(checkout: Path) -> tuple[subprocess.Popen, str]:
-    from bench_transport import SERVING
+    from env_server.testing.launcher import launch_server
 
-    cmd = [sys.executable, "-m", "visenv_cli", "serve", "--host", "127.0.0.1", "--port", "0",
-           "--grpc-port", "0", "--workers", "2", "--envs", "sokoban"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=checkout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
-    found: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            m = SERVING.search(line)
-            if m:
-                found.append(m[2])
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(180):
-        proc.kill()
-        raise SystemExit("visenv serve did not start")
-    return proc, found[0]
+    server = launch_server(workers=2, envs="sokoban", timeout=180, ready="banner", cwd=checkout,
+                           inherit_env=True)  # fmt: skip
+    return server.proc, server.grpc
 
 
 async def drive_served(address: str, seconds: float) -> int:

@@ -33,11 +33,9 @@ import asyncio
 import json
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -50,9 +48,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from clients import AsyncEnvClient, SessionOptions  # noqa: E402
+from env_server.testing.launcher import launch_server  # noqa: E402
 from tests.clients.lossy_proxy import LossyProxy  # noqa: E402
 
-SERVING = re.compile(r"visenv serving: HTTP http://([\d.]+:\d+)\s+gRPC ([\d.]+:\d+)")
 LIGHT = ("sokoban", "frozenlake")
 HEAVY = ("navigation", "primitive_skill", "svg")
 ANSWERS = {
@@ -104,27 +102,11 @@ class Audit:
 class Server:
     def __init__(self, args: argparse.Namespace, cap: int) -> None:
         envs = ",".join(LIGHT + (HEAVY if args.heavy else ()))
-        cmd = [sys.executable, "-m", "visenv_cli", "serve", "--host", "127.0.0.1", "--port",
-               "0", "--grpc-port", "0", "--workers", str(args.workers), "--envs", envs,
-               "--max-sessions", str(cap), "--idle-timeout", str(args.idle_timeout)]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True)  # fmt: skip
-        self.lines: list[str] = []
-        ready = threading.Event()
-
-        def read() -> None:
-            assert self.proc.stdout is not None
-            for line in self.proc.stdout:
-                self.lines.append(line)
-                if SERVING.search(line):
-                    ready.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        if not ready.wait(600):
-            self.stop()
-            raise SystemExit("visenv serve did not start:\n" + "".join(self.lines))
-        m = next(SERVING.search(x) for x in self.lines if SERVING.search(x))
-        self.http, self.grpc = m[1], m[2]
+        server = launch_server(workers=args.workers, envs=envs, max_sessions=cap,
+                               idle_timeout=args.idle_timeout, timeout=600, ready="banner",
+                               inherit_env=True)  # fmt: skip
+        self.proc, self.lines = server.proc, server.output
+        self.http, self.grpc = server.http, server.grpc
         self.ps = psutil.Process(self.proc.pid)
 
     def health(self) -> dict:

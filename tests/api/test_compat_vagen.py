@@ -21,7 +21,7 @@ import pytest
 from PIL import Image
 
 from env_server.core import Representation, registry
-from tests.conftest import launch_servers
+from env_server.testing.launcher import launch_servers
 
 TOKEN = "compat-secret"
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -25,7 +25,7 @@ SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 
 @pytest.fixture(scope="module")
 def servers():
-    from tests.conftest import launch_servers
+    from env_server.testing.launcher import launch_servers
 
     # no `tiny` here: its Crash/Hang actions are deliberate server errors. Two servers:
     # the fuzzer leaves sessions open, the gRPC tests count theirs against a small cap

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import VisenvServer, launch_server
+from env_server.testing.launcher import VisenvServer, launch_server
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ import pytest
 
 from env_server.core.registry import make
 from env_server.core.types import Action
-from tests.conftest import VisenvServer, launch_server
+from env_server.testing.launcher import VisenvServer, launch_server
 
 CHROMIUM = os.environ.get("VISENV_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("VISENV_CHROMEDRIVER", "/usr/bin/chromedriver")

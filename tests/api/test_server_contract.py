@@ -17,7 +17,7 @@ BOTH = ("rest", "grpc")
 
 @pytest.fixture(scope="session")
 def server_addresses():
-    from tests.conftest import launch_server
+    from env_server.testing.launcher import launch_server
 
     server = launch_server(envs=None, workers=2, timeout=180)
     try:

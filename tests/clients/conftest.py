@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import VisenvServer, launch_servers
+from env_server.testing.launcher import VisenvServer, launch_servers
 
 TOKEN = "test-token-123"
 

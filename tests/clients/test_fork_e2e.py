@@ -16,7 +16,7 @@ from clients import (
     SessionOptions,
 )
 from clients.rollout import run_branches
-from tests.conftest import VisenvServer, launch_server, launch_servers
+from env_server.testing.launcher import VisenvServer, launch_server, launch_servers
 
 RIGHT = "<answer>Right</answer>"
 

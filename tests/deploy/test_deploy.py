@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import launch_server
+from env_server.testing.launcher import launch_server
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"

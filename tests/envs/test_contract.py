@@ -1,4 +1,4 @@
-"""The environment contract suite (env_server/testing.py) over every environment we ship and
+"""The environment contract suite (env_server.testing) over every environment we ship and
 every variant it offers.
 
 One class per (environment, variant); each class shares one environment instance between

@@ -12,21 +12,14 @@ import httpx
 import pytest
 
 from env_server.service import EnvService, ServiceError, SessionReply, Settings
-from env_server.testing import TinyEnv
+from env_server.testing import TINY_PATH, TinyEnv
 
 # the test environment, by the import path the worker processes load it from
-TINY = {TinyEnv.name: "env_server.testing:TinyEnv"}
+TINY = {TinyEnv.name: TINY_PATH}
 
 
 def step(session_id: str, index: int, *names: str) -> dict:
     return {"session_id": session_id, "step_index": index, "actions": [{"name": n} for n in names]}
-
-
-@pytest.fixture(scope="module")
-def run():
-    loop = asyncio.new_event_loop()
-    yield loop.run_until_complete
-    loop.close()
 
 
 @pytest.fixture(scope="module")

@@ -10,27 +10,19 @@ from __future__ import annotations
 import json
 import time
 
-import grpc
 import pytest
 
 from visenv.v1 import visenv_pb2 as pb
-from visenv.v1 import visenv_pb2_grpc as pb_grpc
 
 
 @pytest.fixture(scope="module")
 def server():
-    from tests.conftest import launch_server
+    from env_server.testing.launcher import launch_server
 
     # a 3 s deadline for tiny (the stuck env), the default for the rest
     srv = launch_server(extra_env={"VISENV_DEADLINES": json.dumps({"tiny": 3})})
     yield srv
     srv.stop()
-
-
-@pytest.fixture(scope="module")
-def stub(server):
-    with grpc.insecure_channel(server.grpc) as channel:
-        yield pb_grpc.VisenvStub(channel)
 
 
 def _sessions(client) -> int:

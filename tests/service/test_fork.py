@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import numpy as np
@@ -10,7 +9,7 @@ import pytest
 
 from env_server.service import EnvService, ServiceError, SessionReply, Settings
 from env_server.service.images import decode_image
-from env_server.testing import TinyEnv
+from env_server.testing import TINY_PATH, TinyEnv
 
 
 class NoSnapshotEnv(TinyEnv):
@@ -24,7 +23,7 @@ class NoSnapshotEnv(TinyEnv):
 
 # the worker processes import the environments by these paths (the repository root is on
 # their sys.path, as on pytest's: pyproject's `pythonpath`)
-PATHS = {"tiny": "env_server.testing:TinyEnv", "nosnap": "tests.service.test_fork:NoSnapshotEnv"}
+PATHS = {"tiny": TINY_PATH, "nosnap": "tests.service.test_fork:NoSnapshotEnv"}
 REAL = ["sokoban", "frozenlake", "svg", "vicrit", "navigation", "primitive_skill"]
 # vicrit under unary feedback: a wrong answer keeps the episode going (and a repeat is
 # penalised: the attempts so far are part of the forked state)
@@ -53,23 +52,8 @@ def respond(answer: str) -> str:
     )
 
 
-class Loop:
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-
-    def __call__(self, coro):
-        return self.loop.run_until_complete(coro)
-
-
 @pytest.fixture(scope="module")
-def run() -> Loop:
-    loop = Loop()
-    yield loop
-    loop.loop.close()
-
-
-@pytest.fixture(scope="module")
-def service(run: Loop) -> EnvService:
+def service(run) -> EnvService:
     svc = EnvService(
         Settings(workers=2, envs=["tiny", "nosnap", *REAL], env_paths=PATHS, max_sessions=CAP)
     )

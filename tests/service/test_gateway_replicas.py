@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.conftest import launch_servers
+from env_server.testing.launcher import launch_servers
 
 OPTIONS = {"env": "tiny", "format": "no_think", "config": {"length": 32, "max_turns": 1000}}
 MOVES = ("<answer>Left</answer>", "<answer>Right</answer>")

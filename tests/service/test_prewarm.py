@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from env_server.service import EnvService, SessionReply, Settings
+from env_server.testing import TINY_PATH
 
 
 def test_prewarmed_env_creates_cold_and_the_other_says_it_paid():
@@ -13,7 +14,7 @@ def test_prewarmed_env_creates_cold_and_the_other_says_it_paid():
         settings = Settings(
             workers=1,
             envs=["tiny", "sokoban"],
-            env_paths={"tiny": "env_server.testing:TinyEnv"},
+            env_paths={"tiny": TINY_PATH},
             prewarm=["tiny", "frozenlake"],  # frozenlake: not enabled here, so not warmed
         )
         service = EnvService(settings)

@@ -34,7 +34,7 @@ FAULTY = {"Crash", "Exit", "Hang"}  # tiny's actions that fail on purpose (test_
 
 @pytest.fixture(scope="module")
 def server():
-    from tests.conftest import launch_server
+    from env_server.testing.launcher import launch_server
 
     srv = launch_server(
         extra_env={
@@ -50,12 +50,6 @@ def server():
 def http(server):
     with httpx.Client(base_url=server.url, timeout=60) as client:
         yield client
-
-
-@pytest.fixture(scope="module")
-def stub(server):
-    with grpc.insecure_channel(server.grpc) as channel:
-        yield pb_grpc.VisenvStub(channel)
 
 
 @pytest.fixture(scope="module")

@@ -8,31 +8,14 @@ import pytest
 
 from env_server.service import EnvService, ServiceError, SessionReply, Settings
 from env_server.service.images import decode_image
-from env_server.testing import TinyEnv
+from env_server.testing import TINY_PATH, TinyEnv
 
 # the test environment, by the import path the worker processes load it from
-TINY = {TinyEnv.name: "env_server.testing:TinyEnv"}
-
-
-class Loop:
-    """Runs coroutines on one event loop that lives as long as the service."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-
-    def __call__(self, coro):
-        return self.loop.run_until_complete(coro)
+TINY = {TinyEnv.name: TINY_PATH}
 
 
 @pytest.fixture(scope="module")
-def run() -> Loop:
-    loop = Loop()
-    yield loop
-    loop.loop.close()
-
-
-@pytest.fixture(scope="module")
-def service(run: Loop) -> EnvService:
+def service(run) -> EnvService:
     svc = EnvService(Settings(workers=2, envs=["tiny", "sokoban"], env_paths=TINY, max_sessions=40))
     run(svc.start())
     yield svc
