@@ -108,7 +108,8 @@ def test_the_server_extra_covers_the_server_and_each_family_pulls_it():
         p
         for p in (ROOT / "env_server").rglob("*.py")
         if not any(envs / family in p.parents for family in FAMILIES)
-        and p.name != "testing.py"  # the conformance suites: pytest, from the dev extra
+        # the conformance suites and the test launcher: pytest, from the dev extra
+        and ROOT / "env_server" / "testing" not in p.parents
     ]
     # what the server extra brings, with what that requires (starlette comes with fastapi)
     allowed = _requirements_closure([*PROJECT["dependencies"], *EXTRAS["server"]])
