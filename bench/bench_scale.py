@@ -25,8 +25,6 @@ import argparse
 import asyncio
 import json
 import random
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -73,7 +71,8 @@ async def settle(pid: int) -> tuple[float, float]:
 
 
 async def run(args: argparse.Namespace) -> dict:
-    proc, _, address = start_server(args.workers)
+    served = start_server(args.workers)
+    proc, address = served.proc, served.grpc
     try:
         async with AsyncEnvClient(address, transport="grpc", timeout=300) as client:
             # warm-up: imports, caches and the first allocations of each worker
@@ -130,11 +129,7 @@ async def run(args: argparse.Namespace) -> dict:
             rss2, uss2 = await settle(proc.pid)
             await client.close(ids)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        served.stop()
     n = max(len(ids), 1)
     return {
         "sessions": args.sessions,

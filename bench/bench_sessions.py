@@ -29,9 +29,7 @@ import gc
 import json
 import os
 import random
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -206,12 +204,6 @@ async def has_openenv_ws(http: str) -> bool:
         return False
 
 
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -227,8 +219,9 @@ async def run(args: argparse.Namespace) -> None:
                       f"{per_message.get(id(r), 0):.1f} requests per worker message")  # fmt: skip
 
     show(await bench_in_process(64, "png", args))
-    proc, http, grpc_address = start_server(args.workers)
-    server = ServerCPU(proc.pid)
+    served = start_server(args.workers)
+    http, grpc_address = served.http, served.grpc
+    server = ServerCPU(served.proc.pid)
     ws = await has_openenv_ws(http)
     try:
         for kind in ("grpc-batch", "rest-batch"):
@@ -239,12 +232,13 @@ async def run(args: argparse.Namespace) -> None:
                 address = grpc_address if kind == "grpc" else http
                 show(await per_session(kind, n, address, args, server, http))
     finally:
-        stop_server(proc)
+        served.stop()
     if args.compare:
         os.environ["VISENV_COALESCE_MAX_ITEMS"] = "1"
-        proc, http, grpc_address = start_server(args.workers)
+        served = start_server(args.workers)
+        http, grpc_address = served.http, served.grpc
         del os.environ["VISENV_COALESCE_MAX_ITEMS"]
-        server = ServerCPU(proc.pid)
+        server = ServerCPU(served.proc.pid)
         try:
             r = await bench_remote("grpc-batch", 64, "png", grpc_address, args, server)
             r.name += " (no coalescing)"
@@ -255,7 +249,7 @@ async def run(args: argparse.Namespace) -> None:
                 r.name += " (no coalescing)"
                 show(r)
         finally:
-            stop_server(proc)
+            served.stop()
     console.print(table(results, f"Per-session traffic vs batches, {args.workers} worker(s), "
                                  "loopback, one run"))  # fmt: skip
     by = {(r.name, r.batch): statistics.median(r.rates) for r in results}

@@ -23,9 +23,7 @@ import asyncio
 import gc
 import json
 import random
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -43,7 +41,7 @@ from single_session import SingleSessionRest  # noqa: E402  (this folder)
 
 from clients import AsyncEnvClient, SessionOptions  # noqa: E402
 from clients.transport import GrpcTransport, HttpTransport, StepItem  # noqa: E402
-from env_server.testing.launcher import launch_server  # noqa: E402
+from env_server.testing.launcher import VisenvServer, launch_server  # noqa: E402
 from visenv.v1 import visenv_pb2 as pb  # noqa: E402
 
 MOVES = ("Up", "Down", "Left", "Right")
@@ -266,12 +264,11 @@ async def bytes_per_env_step(
     return total / len(ids)
 
 
-def start_server(workers: int) -> tuple[subprocess.Popen, str, str]:
-    """`visenv serve` (sokoban only) as started for the benches: its process, HTTP address
-    (no scheme) and gRPC address, once its banner is out."""
-    server = launch_server(workers=workers, envs="sokoban", timeout=180, ready="banner",
-                           inherit_env=True)  # fmt: skip
-    return server.proc, server.http, server.grpc
+def start_server(workers: int) -> VisenvServer:
+    """`visenv serve` (sokoban only) as started for the benches, once its banner is out:
+    `.proc`, `.http` (no scheme), `.grpc`, and `.stop()`."""
+    return launch_server(workers=workers, envs="sokoban", timeout=180, ready="banner",
+                         inherit_env=True)  # fmt: skip
 
 
 def table(results: list[Result], title: str) -> Table:
@@ -305,12 +302,13 @@ def table(results: list[Result], title: str) -> Table:
 
 async def run(args: argparse.Namespace) -> None:
     console = Console(width=160)
-    proc, http, grpc_address = start_server(args.workers)
+    served = start_server(args.workers)
+    http, grpc_address = served.http, served.grpc
     # the client's start-up heap out of every later collection, as the server does with
     # its own: unfrozen, this process's full collections (17-21 ms, about one a second at
     # batch 64; bench/tail_latency.py) were the p99 of every variant, not the server
     gc.freeze()
-    server = ServerCPU(proc.pid)
+    server = ServerCPU(served.proc.pid)
     results: list[Result] = []
     try:
         n = args.sessions
@@ -336,11 +334,7 @@ async def run(args: argparse.Namespace) -> None:
             console.print(f"{r.name:24} batch {batch:3}: {statistics.median(r.rates):8,.0f} env-steps/s  "
                           f"p50 {r.p50_ms:7.2f} ms  p99 {r.p99_ms:7.2f} ms")  # fmt: skip
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        served.stop()
     console.print(
         table(
             results, f"Sokoban reference workload, server with {args.workers} worker(s), loopback"

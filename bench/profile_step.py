@@ -27,7 +27,6 @@ import collections
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -146,12 +145,12 @@ def drive_in_process(seconds: float) -> None:
 # ---- the served run ----------------------------------------------------------------------
 
 
-def start_server(checkout: Path) -> tuple[subprocess.Popen, str]:
+def start_server(checkout: Path):
+    """`visenv serve` of `checkout` (sokoban, 2 workers) once its banner is out."""
     from env_server.testing.launcher import launch_server
 
-    server = launch_server(workers=2, envs="sokoban", timeout=180, ready="banner", cwd=checkout,
-                           inherit_env=True)  # fmt: skip
-    return server.proc, server.grpc
+    return launch_server(workers=2, envs="sokoban", timeout=180, ready="banner", cwd=checkout,
+                         inherit_env=True)  # fmt: skip
 
 
 async def drive_served(address: str, seconds: float) -> int:
@@ -221,7 +220,8 @@ def main() -> None:
         # the stepping only, not the start-up's imports
         report("in-process, 64 sessions", raw, args.top, within=r"Worker\.handle \(")
     if args.only in (None, "served"):
-        proc, address = start_server(checkout)
+        served = start_server(checkout)
+        proc, address = served.proc, served.grpc
         try:
             import psutil
 
@@ -240,11 +240,7 @@ def main() -> None:
             for s in spies:
                 s.wait()
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            served.stop()
         print(f"\n(served: {steps} env-steps over gRPC in batches of 64)")
         report("served: API process", out / "api.raw", args.top)
         report("served: one worker process", out / "worker.raw", args.top)
