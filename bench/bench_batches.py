@@ -18,10 +18,7 @@ Against one `visenv serve` it starts itself (2 workers, frozenlake 4x4, PNG imag
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -47,7 +44,7 @@ class Server:
         self.started = time.monotonic()
         server = launch_server(workers=workers, envs=envs, idle_timeout=0, args=extra,
                                timeout=300, ready="banner")  # fmt: skip
-        self.proc, self.printed_at = server.proc, server.banner_s
+        self.server, self.printed_at = server, server.banner_s
         self.url, self.grpc = server.url, server.grpc
 
     def first_answer(self) -> float:
@@ -67,12 +64,7 @@ class Server:
         return None
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.server.stop()
 
 
 # ---- one transport's batch calls: (create, step, close) -> ids / None --------------------
