@@ -12,9 +12,13 @@ COMPAT_VENV  ?= .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.visenv-compat-setup
 COMPAT_PYTEST_ARGS ?=
 TORCH_SPEC ?= torch==2.13.0
+# lint needs only ruff: its own small venv, no apt, torch or simulators (pinned: the formatter's
+# output must not change under anyone's feet; keep it equal to the dev extra's pin)
+RUFF_SPEC  ?= ruff==0.17.6
+LINT_VENV  ?= .venv-lint
 IMAGE_FAMILIES ?= light navigation primitive_skill
 
-.PHONY: setup serve test compat-setup compat-test images image-test bench lint proto clean help
+.PHONY: setup serve test compat-setup compat-test images image-test bench lint format proto clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z][a-z-]*:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -53,11 +57,20 @@ image-test: images  ## run each image and `envs` from compose.yaml on loopback, 
 bench: setup  ## run the benchmarks in bench/ (numbers, not pass/fail)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-lint: setup  ## ruff over the whole tree
-	$(BIN)/ruff check .
+$(LINT_VENV)/bin/ruff:
+	[ -x $(LINT_VENV)/bin/python ] || $(PYTHON) -m venv $(LINT_VENV)
+	$(LINT_VENV)/bin/python -m pip install -q "$(RUFF_SPEC)"
+
+lint: $(LINT_VENV)/bin/ruff  ## ruff check and ruff format --check (needs only ruff, not the setup)
+	$(LINT_VENV)/bin/ruff check .
+	$(LINT_VENV)/bin/ruff format --check .
+
+format: $(LINT_VENV)/bin/ruff  ## apply ruff's formatter and its import sorting
+	$(LINT_VENV)/bin/ruff check --select I --fix .
+	$(LINT_VENV)/bin/ruff format .
 
 proto: setup  ## regenerate visenv/v1 from proto/visenv/v1/*.proto
 	bash scripts/gen_proto.sh
 
 clean:  ## remove the venvs and caches
-	rm -rf $(VENV) $(COMPAT_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(COMPAT_VENV) $(LINT_VENV) .pytest_cache .ruff_cache
