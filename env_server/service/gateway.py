@@ -34,9 +34,9 @@ import logging
 import re
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import Gauge
 from pydantic import BaseModel, ValidationError
@@ -58,11 +58,12 @@ from .session_ids import NODE_PATTERN, Origin, origin_of
 from .upstream import Upstream, UpstreamDown
 
 Result = SessionReply | ServiceError
+M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger("visenv.gateway")
 HEALTH_PROBE_SECONDS = 2.0  # how long /health waits for the upstreams' own figures
 
 
-def _validate(model: type[BaseModel], item: Any) -> BaseModel | ServiceError:
+def _validate(model: type[M], item: Any) -> M | ServiceError:
     """An item as the model, or its error naming the field as `EnvService` does."""
     if isinstance(item, model):
         return item
@@ -386,7 +387,7 @@ class GatewayService:
         if limit is not None:
             check_batch(items, limit, field)
 
-    async def create(self, items: Sequence[SessionOptions | dict]) -> list[Result]:
+    async def create(self, items: Sequence[SessionOptions | Mapping[str, Any]]) -> list[Result]:
         self._check_batch(items)
         routed: list[tuple[_Server | ServiceError, Any]] = []
         for item in items:
@@ -404,7 +405,7 @@ class GatewayService:
                 where.sessions -= 1
         return results
 
-    async def reset(self, items: Sequence[ResetItem | dict]) -> list[Result]:
+    async def reset(self, items: Sequence[ResetItem | Mapping[str, Any]]) -> list[Result]:
         self._check_batch(items)
         routed: list[tuple[_Server | ServiceError, Any]] = []
         for item in items:
@@ -412,11 +413,11 @@ class GatewayService:
             if isinstance(req, ServiceError):
                 routed.append((req, None))
             else:
-                item = (req.session_id, req.seed, req.image_encoding)
-                routed.append((self._route(req.session_id), item))
+                call = (req.session_id, req.seed, req.image_encoding)
+                routed.append((self._route(req.session_id), call))
         return await self._fan_out(routed, "reset")
 
-    async def step(self, items: Sequence[StepItem | dict]) -> list[Result]:
+    async def step(self, items: Sequence[StepItem | Mapping[str, Any]]) -> list[Result]:
         self._check_batch(items)
         routed: list[tuple[_Server | ServiceError, Any]] = []
         for item in items:
@@ -444,7 +445,7 @@ class GatewayService:
         return await self._fan_out([(self._route(sid), sid) for sid in session_ids], "close")
 
     async def fork(
-        self, items: Sequence[ForkItem | dict]
+        self, items: Sequence[ForkItem | Mapping[str, Any]]
     ) -> list[list[SessionReply] | ServiceError]:
         """Forks are made by the source's upstream (on its worker); their ids name it."""
         self._check_batch(items)

@@ -71,7 +71,7 @@ class SessionService(Protocol):
 def check_env(env_specs: Mapping[str, EnvSpec], name: str) -> ServiceError | None:
     """Why environment `name` can't be served from `env_specs`, or None if it can (the
     error names the environments served: a gateway knows only those)."""
-    spec = env_specs.get(name) if isinstance(name, str) else None  # (a peer's JSON: any type)
+    spec = env_specs.get(name)
     enabled = sorted(n for n, s in env_specs.items() if s.enabled)
     if spec is None:
         return ServiceError("NOT_FOUND", f"unknown environment {name!r}; enabled: {enabled}", "env")

@@ -106,6 +106,10 @@ class Rest:
     def fork(self, items):
         return self.post("/v1/batch/fork", {"items": items})
 
+    def frame(self, sid):
+        answer = self.http.get(f"/v1/sessions/{sid}/frame.png")
+        return answer.status_code, answer.headers["content-type"], answer.content
+
 
 class Grpc:
     """The calls over gRPC, answered as REST's JSON shapes (via `visenv.wire`), or a whole
@@ -162,6 +166,14 @@ class Grpc:
             ]
 
         return self.call("Fork", pb.ForkRequest(items=[pb.ForkItem(**i) for i in items]), decode)
+
+    def frame(self, sid):
+        def decode(response):
+            return [
+                f if isinstance(f, bytes) else f.to_json() for f in wire.frames_from_proto(response)
+            ]
+
+        return self.call("Frame", pb.FrameRequest(session_ids=[sid]), decode)
 
 
 def _rest_step(sid: str, index: int, **body) -> dict:
@@ -242,8 +254,21 @@ def over_max_batch_items(c, step):
         c.create([{"env": "tiny"}] * (MAX_ITEMS + 1)),
         c.step([step(sid, 0, response="<answer>Left</answer>")] * (MAX_ITEMS + 1)),
         c.close([sid] * (MAX_ITEMS + 1)),
+        c.get([sid] * (MAX_ITEMS + 1)),  # REST: one GET each (no batch get), gRPC: refused
         c.fork([{"session_id": sid, "n": 1}] * (MAX_ITEMS + 1)),
     ]
+
+
+def empty_batches(c, step):
+    return [c.create([]), c.reset([]), c.step([]), c.close([]), c.fork([])]
+
+
+def reset_and_frame(c, step):
+    sid = c.new(env="sokoban")
+    frame = c.frame(sid)
+    png = frame[2] if isinstance(c, Rest) else frame[0]
+    assert png[:4] == b"\x89PNG", frame
+    return [c.reset([{"session_id": sid}]), c.reset([{"session_id": sid, "seed": 7}]), frame]
 
 
 def empty_actions(c, step):
@@ -277,6 +302,8 @@ CASES = [
     nan_argument,
     wrong_step_index_and_resent_body,
     over_max_batch_items,
+    empty_batches,
+    reset_and_frame,
     empty_actions,
     same_session_twice,
     close_twice,
@@ -297,8 +324,19 @@ def test_server_and_gateway_answer_the_same(servers, transport, case):
     assert answers["gateway"] == answers["server"]
 
 
-def test_limits_are_the_same(servers):
-    """The gateway publishes (and holds calls to) its upstream's limits."""
+def test_envs_and_limits_are_the_same(servers):
+    """The gateway publishes (and holds calls to) its upstream's limits, and lists the
+    environments it serves as the server does (the server also lists those it doesn't)."""
     limits = {n: httpx.get(s.url + "/v1/limits").json() for n, s in servers.items()}
     assert limits["server"]["max_batch_items"] == MAX_ITEMS
     assert limits["gateway"] == limits["server"]
+    listed = {}
+    for name, where in servers.items():
+        body = httpx.get(where.url + "/v1/envs").json()
+        with grpc.insecure_channel(where.grpc) as channel:
+            answer = pb_grpc.VisenvStub(channel).ListEnvs(pb.ListEnvsRequest(), timeout=60)
+        assert json.loads(answer.limits_json) == body["limits"] == limits["server"]
+        served = [e for e in body["envs"] if e["enabled"]]
+        listed[name] = (served, sorted(e.name for e in answer.envs if e.enabled))
+    assert [e["name"] for e in listed["server"][0]] == ["sokoban", "tiny"]
+    assert listed["gateway"] == listed["server"]

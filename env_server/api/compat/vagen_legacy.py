@@ -111,10 +111,10 @@ def legacy_router(service: SessionService, table: IdTable) -> APIRouter:
                     raise ServiceError(
                         "INVALID_ARGUMENT", f"unknown config key(s) {unknown}", unknown[0]
                     )
-                env = config.get("env_name")
-                error = check_env(service.env_specs, env)
-                if error is not None:  # named by this protocol's key
-                    raise ServiceError(error.code, error.message, "env_name")
+                env = str(config.get("env_name"))
+                refused = check_env(service.env_specs, env)
+                if refused is not None:  # named by this protocol's key
+                    raise ServiceError(refused.code, refused.message, "env_name")
                 spec = service.env_specs[env]
                 seed = config.get("seed", 0)
                 if isinstance(seed, bool) or not isinstance(seed, int):
