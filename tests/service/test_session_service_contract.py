@@ -340,3 +340,20 @@ def test_envs_and_limits_are_the_same(servers):
         listed[name] = (served, sorted(e.name for e in answer.envs if e.enabled))
     assert [e["name"] for e in listed["server"][0]] == ["sokoban", "tiny"]
     assert listed["gateway"] == listed["server"]
+
+
+def test_one_env_check_at_every_door(servers):
+    """The native API and the peers' adapters refuse an unknown environment with the same
+    error (the service layer's `check_env`), on the server and through the gateway."""
+    errors = []
+    for where in servers.values():
+        with httpx.Client(base_url=where.url, timeout=60) as http:
+            made = http.post("/v1/batch/create", json={"items": [{"env": "nosuchenv"}]})
+            errors.append(made.json()["results"][0]["error"])
+            openenv = http.get("/compat/openenv/nosuchenv/metadata")
+            assert openenv.status_code == 404
+            errors.append(openenv.json()["error"])
+            assert http.get("/compat/vagen/nosuchenv/health").status_code == 404
+    assert errors[0]["code"] == "NOT_FOUND" and errors[0]["field"] == "env"
+    assert "enabled: ['sokoban', 'tiny']" in errors[0]["message"]
+    assert all(e == errors[0] for e in errors), errors
