@@ -342,7 +342,7 @@ def build_app(
     async def limits() -> dict[str, Any]:
         """The limits every request is held to, the same on every transport: request
         bytes, items per batch call, actions per step, sessions, and the seed rule."""
-        # a gateway routes to servers that hold their own limits
+        # a gateway's: its upstreams' (the strictest of each)
         return service.limits()
 
     @app.post("/v1/sessions", tags=["sessions"], summary="Create a session (and reset it)", **ONE)

@@ -290,9 +290,9 @@ class GatewayService:
                     f"no upstream server can run environment {env!r} now "
                     f"(upstreams: {', '.join(self.upstream_names)})",
                 )
-            return check_env(self.env_specs, env) or ServiceError(
-                "NOT_FOUND", f"unknown environment {env!r}", "env"
-            )
+            unknown = check_env(self.env_specs, env)  # not among them: NOT_FOUND, as a server
+            assert unknown is not None
+            return unknown
         return min(candidates, key=lambda s: (s.sessions, s.address))
 
     def _route(self, session_id: str) -> _Server | ServiceError:
