@@ -175,7 +175,7 @@ class Owner:
             await self._create(slots[start : start + 100])
 
     async def _create(self, slots: list[Slot]) -> None:
-        results = await self._guard(self.client.create([self.options(s) for s in slots],
+        results = await self._per_item_errors(self.client.create([self.options(s) for s in slots],
                                                        return_exceptions=True), len(slots))  # fmt: skip
         for slot, r in zip(slots, results, strict=True):
             outcome = self.record("create", r)
@@ -187,7 +187,7 @@ class Owner:
             elif outcome == "CAPACITY":
                 self.audit.capacity_answers += 1
 
-    async def _guard(self, call, n: int) -> list:
+    async def _per_item_errors(self, call, n: int) -> list:
         """A whole call that failed (connection gone after every retry): each item's error."""
         try:
             return await call
@@ -214,17 +214,17 @@ class Owner:
         if op == "step":
             sent = [self.client.next_step_index(i) for i in ids]
             texts = [text(s.env, self.rng) for s in slots]
-            results = await self._guard(self.client.step(ids, texts, return_exceptions=True),
+            results = await self._per_item_errors(self.client.step(ids, texts, return_exceptions=True),
                                         len(slots))  # fmt: skip
         elif op == "reset":
             sent = [-1] * len(slots)
-            results = await self._guard(self.client.reset(ids, [self.rng.randrange(10**6)
+            results = await self._per_item_errors(self.client.reset(ids, [self.rng.randrange(10**6)
                                         for _ in ids], return_exceptions=True), len(slots))  # fmt: skip
         elif op == "get":
             sent = [self.client.next_step_index(i) - 1 for i in ids]
-            results = await self._guard(self.client.get(ids, return_exceptions=True), len(slots))
+            results = await self._per_item_errors(self.client.get(ids, return_exceptions=True), len(slots))
         else:  # close: the client forgets the session whatever the answer
-            results = await self._guard(self.client.close(ids), len(slots))
+            results = await self._per_item_errors(self.client.close(ids), len(slots))
             for slot, r in zip(slots, results, strict=True):
                 self.record("close", r)
                 slot.sid = None

@@ -23,6 +23,7 @@ from typing import Any
 import uvicorn
 
 from env_server.service.gateway import GatewayService
+from env_server.service.protocol import SessionService
 from env_server.service.service import EnvService
 from env_server.service.settings import Settings
 from env_server.service.worker import LOG_FORMAT
@@ -68,7 +69,7 @@ def _load_grpc() -> tuple[Callable[..., Any] | None, str | None]:
 
 
 async def _announce_ready(
-    service: Any, announce: Callable[[str], None], grpc_server: Any, started_at: float
+    service: SessionService, announce: Callable[[str], None], grpc_server: Any, started_at: float
 ) -> None:
     """Keep gRPC health's per-environment statuses (service `visenv.env.<name>`) in step
     with the service's readiness, and say once every environment is ready."""
@@ -76,7 +77,7 @@ async def _announce_ready(
 
     said = False
     while True:
-        ready = service.envs_ready() if hasattr(service, "envs_ready") else {}
+        ready = service.envs_ready()
         health = getattr(grpc_server, "health", None)
         if health is not None:
             for name, ok in ready.items():
@@ -95,8 +96,11 @@ async def _announce_ready(
 async def serve(settings: Settings, announce: Callable[[str], None] = print) -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # errors carry their ids there
     if settings.upstreams:  # gateway mode: the sessions live on the upstream servers
-        service: EnvService | GatewayService = GatewayService(
-            settings.upstreams, settings.token, lost_after=settings.upstream_lost_after
+        service: SessionService = GatewayService(
+            settings.upstreams,
+            settings.token,
+            lost_after=settings.upstream_lost_after,
+            max_request_bytes=settings.max_request_bytes,
         )
         where = f"upstreams {', '.join(settings.upstreams)}"
         await service.start()  # quick: channels to the upstreams

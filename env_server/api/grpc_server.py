@@ -1,4 +1,4 @@
-"""The gRPC servicer of visenv.v1: a thin adapter over `EnvService`.
+"""The gRPC servicer of visenv.v1: a thin adapter over a `SessionService`.
 
 It turns proto messages into the service's request dicts and its replies back into
 proto messages (with `visenv.wire`'s conversions); all session logic (validation,
@@ -27,7 +27,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from env_server.service.models import ServiceError
-from env_server.service.service import EnvService
+from env_server.service.protocol import SessionService
 from env_server.service.settings import Settings
 from visenv import wire
 from visenv.v1 import visenv_pb2 as pb
@@ -117,7 +117,7 @@ async def _abort(context: grpc.aio.ServicerContext, code: str, message: str) -> 
     )
 
 
-def _guarded(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+def _structured_errors(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """A whole-call failure answers a structured error (wire code in the trailing
     metadata), never a bare UNKNOWN status."""
 
@@ -138,63 +138,63 @@ def _guarded(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[A
 
 
 class VisenvServicer(pb_grpc.VisenvServicer):
-    def __init__(self, service: EnvService) -> None:
+    def __init__(self, service: SessionService) -> None:
         self.service = service
 
-    @_guarded
+    @_structured_errors
     async def ListEnvs(
         self, request: pb.ListEnvsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListEnvsResponse:
         specs = await self.service.list_envs()
-        limits = self.service.limits() if hasattr(self.service, "limits") else {}
+        limits = self.service.limits()
         return pb.ListEnvsResponse(
             envs=[spec.to_proto() for spec in specs], limits_json=json.dumps(limits)
         )
 
-    @_guarded
+    @_structured_errors
     async def Create(
         self, request: pb.CreateRequest, context: grpc.aio.ServicerContext
     ) -> pb.BatchResponse:
         return await _batch_reply(await _per_item(request.items, options_item, self.service.create))
 
-    @_guarded
+    @_structured_errors
     async def Reset(
         self, request: pb.ResetRequest, context: grpc.aio.ServicerContext
     ) -> pb.BatchResponse:
         return await _batch_reply(await _per_item(request.items, reset_item, self.service.reset))
 
-    @_guarded
+    @_structured_errors
     async def Step(
         self, request: pb.StepRequest, context: grpc.aio.ServicerContext
     ) -> pb.BatchResponse:
         return await _batch_reply(await _per_item(request.items, step_item, self.service.step))
 
-    @_guarded
+    @_structured_errors
     async def Get(
         self, request: pb.GetRequest, context: grpc.aio.ServicerContext
     ) -> pb.BatchResponse:
         return wire.batch_to_proto(await self.service.get(list(request.session_ids)))
 
-    @_guarded
+    @_structured_errors
     async def Close(
         self, request: pb.CloseRequest, context: grpc.aio.ServicerContext
     ) -> pb.CloseResponse:
         errors = await asyncio.shield(self.service.close(list(request.session_ids)))
         return wire.close_to_proto(errors)
 
-    @_guarded
+    @_structured_errors
     async def Fork(
         self, request: pb.ForkRequest, context: grpc.aio.ServicerContext
     ) -> pb.ForkResponse:
         return wire.fork_to_proto(await _per_item(request.items, fork_item, self.service.fork))
 
-    @_guarded
+    @_structured_errors
     async def Status(
         self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.StatusResponse:
         return pb.StatusResponse(status_json=json.dumps(await self.service.health()))
 
-    @_guarded
+    @_structured_errors
     async def Frame(
         self, request: pb.FrameRequest, context: grpc.aio.ServicerContext
     ) -> pb.FrameResponse:
@@ -248,7 +248,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         return grpc.stream_stream_rpc_method_handler(deny_stream, **kw)
 
 
-def build_grpc_server(service: EnvService, address: str, token: str | None) -> grpc.aio.Server:
+def build_grpc_server(service: SessionService, address: str, token: str | None) -> grpc.aio.Server:
     """A grpc.aio server (not started) serving visenv.v1, health and reflection on
     `address` ("host:port"; port 0 picks a free one, found afterwards in `server.port`)."""
     # requests: the same limit as REST's bodies (Settings.max_request_bytes; a gateway

@@ -1,4 +1,4 @@
-"""The REST API: a thin FastAPI adapter over EnvService (endpoints of docs/wire.md).
+"""The REST API: a thin FastAPI adapter over a `SessionService` (endpoints of docs/wire.md).
 
     app = build_app(service, token=None, max_request_bytes=8 << 20)
 
@@ -37,7 +37,7 @@ from env_server.service.models import (
     SessionOptions,
     StepBody,
 )
-from env_server.service.service import EnvService
+from env_server.service.protocol import SessionService
 from visenv import wire
 
 from .compat.common import PREFIX as COMPAT_PREFIX
@@ -69,7 +69,7 @@ def error_response(error: ServiceError) -> JSONResponse:
     return JSONResponse({"error": error.to_json()}, status_code=error.http_status)
 
 
-class GuardMiddleware:
+class TokenSizeMiddleware:
     """Pure ASGI middleware: bearer-token check and request-body size limit.
 
     The body is read here (counting bytes whatever Content-Length claims) and replayed
@@ -170,12 +170,12 @@ class StartedMiddleware:
 
     WITHOUT = ("/health", "/metrics", "/play", "/static/", "/docs", "/openapi.json", "/favicon.ico")
 
-    def __init__(self, app: ASGIApp, service: Any) -> None:
+    def __init__(self, app: ASGIApp, service: SessionService) -> None:
         self.app = app
-        self.wait = getattr(service, "wait_started", None)  # a gateway starts before serving
+        self.wait = service.wait_started
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.wait is not None and scope["type"] in ("http", "websocket"):
+        if scope["type"] in ("http", "websocket"):
             path = scope["path"]
             if not path.startswith(self.WITHOUT) and path != "/" and not path.endswith("/health"):
                 try:
@@ -246,7 +246,7 @@ def _validation_error(exc: RequestValidationError) -> ServiceError:
 
 
 def build_app(
-    service: EnvService,
+    service: SessionService,
     token: str | None = None,
     max_request_bytes: int = 8 << 20,
     open_prefixes: tuple[str, ...] = (),
@@ -260,7 +260,7 @@ def build_app(
         "Wire shapes: docs/wire.md. Play by hand at /play.",
     )
     app.add_middleware(
-        GuardMiddleware, token=token, max_bytes=max_request_bytes, open_prefixes=open_prefixes
+        TokenSizeMiddleware, token=token, max_bytes=max_request_bytes, open_prefixes=open_prefixes
     )
     app.add_middleware(StartedMiddleware, service=service)
     app.add_middleware(InternalErrorMiddleware, metrics=service.metrics)  # the outermost
@@ -342,8 +342,8 @@ def build_app(
     async def limits() -> dict[str, Any]:
         """The limits every request is held to, the same on every transport: request
         bytes, items per batch call, actions per step, sessions, and the seed rule."""
-        # a gateway routes to servers that hold their own limits
-        return service.limits() if hasattr(service, "limits") else {}
+        # a gateway's: its upstreams' (the strictest of each)
+        return service.limits()
 
     @app.post("/v1/sessions", tags=["sessions"], summary="Create a session (and reset it)", **ONE)
     async def create(options: SessionOptions) -> Response:
@@ -447,7 +447,7 @@ def build_app(
         enabled = sorted(n for n, spec in service.env_specs.items() if spec.enabled)
         schema = with_session_links(with_descriptions(FastAPI.openapi(app)), enabled)
         app.openapi_schema = None  # FastAPI.openapi keeps its own: kept below once complete
-        if enabled or getattr(service, "wait_started", None) is None:
+        if enabled:
             app.openapi_schema = schema  # (not while the service starts: its envs come then)
         return schema
 

@@ -16,6 +16,8 @@ adapters serve it exactly as they serve `EnvService`; only where sessions live d
   routes every session; an id naming a node the gateway does not know is NOT_FOUND,
   and no connection is made for it (ids name servers, never addresses).
 - A new session goes to the least-loaded upstream that offers its environment.
+- It publishes, and holds every call to, its upstreams' limits (the strictest of each), so
+  a call over `max_batch_items` is refused whole, at once, as a server refuses it.
 - Steps are passed through with the client's own `step_index`, so a retried step is
   answered from the upstream's memory, never applied twice.
 - An upstream that does not answer makes its sessions answer UNAVAILABLE (retry, with
@@ -32,9 +34,9 @@ import logging
 import re
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import Gauge
 from pydantic import BaseModel, ValidationError
@@ -51,15 +53,17 @@ from .models import (
     SessionReply,
     StepItem,
 )
+from .protocol import check_batch, check_env, unknown_session
 from .session_ids import NODE_PATTERN, Origin, origin_of
 from .upstream import Upstream, UpstreamDown
 
 Result = SessionReply | ServiceError
+M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger("visenv.gateway")
 HEALTH_PROBE_SECONDS = 2.0  # how long /health waits for the upstreams' own figures
 
 
-def _validate(model: type[BaseModel], item: Any) -> BaseModel | ServiceError:
+def _validate(model: type[M], item: Any) -> M | ServiceError:
     """An item as the model, or its error naming the field as `EnvService` does."""
     if isinstance(item, model):
         return item
@@ -82,6 +86,7 @@ class _Server:
     sessions: int = 0  # as it last reported, plus those placed there since
     down_since: float | None = None  # monotonic time of the first failure in a row
     resolved: bool = True  # its address is among its name's current addresses
+    limits: dict[str, Any] = field(default_factory=dict)  # as its Status said
 
     @property
     def up(self) -> bool:
@@ -100,7 +105,7 @@ class _Server:
 
 
 class GatewayService:
-    """Routes sessions to upstream visenv servers; the API of `EnvService`."""
+    """Routes sessions to upstream visenv servers; a `SessionService` like `EnvService`."""
 
     def __init__(
         self,
@@ -109,6 +114,7 @@ class GatewayService:
         timeout: float = 60.0,
         refresh: float = 5.0,
         lost_after: float = 30.0,
+        max_request_bytes: int | None = None,
     ) -> None:
         if not upstreams:
             raise ValueError("a gateway needs at least one upstream (host:grpc_port)")
@@ -117,6 +123,7 @@ class GatewayService:
         self.timeout = timeout
         self.refresh = refresh
         self.lost_after = lost_after
+        self.max_request_bytes = max_request_bytes  # its own (REST bodies, gRPC messages)
         self.metrics = Metrics()
         self.env_specs: dict[str, EnvSpec] = {}
         self._servers: dict[str, _Server] = {}  # address -> server
@@ -235,6 +242,7 @@ class GatewayService:
                     gauge.remove(*server.labels())
         server.node, server.boot = node, boot
         server.sessions = int(status.get("sessions", 0))
+        server.limits = status.get("limits") or {}
         for other in list(self._servers.values()):
             if other is not server and other.node == node and not other.up and not other.pinned:
                 await self._drop(other)  # the node moved to a new address (a pod re-created)
@@ -282,11 +290,9 @@ class GatewayService:
                     f"no upstream server can run environment {env!r} now "
                     f"(upstreams: {', '.join(self.upstream_names)})",
                 )
-            return ServiceError(
-                "NOT_FOUND",
-                f"unknown environment {env!r}; known: {', '.join(sorted(self.env_specs))}",
-                "env",
-            )
+            unknown = check_env(self.env_specs, env)  # not among them: NOT_FOUND, as a server
+            assert unknown is not None
+            return unknown
         return min(candidates, key=lambda s: (s.sessions, s.address))
 
     def _route(self, session_id: str) -> _Server | ServiceError:
@@ -294,7 +300,7 @@ class GatewayService:
         origin = origin_of(session_id)
         named = [] if origin is None else [s for s in self._servers.values() if s.names(origin)]
         if origin is None or not named:
-            return ServiceError("NOT_FOUND", f"unknown session {session_id!r}", "session_id")
+            return unknown_session(session_id)
         for server in named:
             if server.boot == origin.boot:
                 return _lost(session_id, server) if self._gone(server) else server
@@ -351,11 +357,38 @@ class GatewayService:
             out.append(answer)
         return out
 
-    # ---- the EnvService API ------------------------------------------------------
+    # ---- the SessionService API ---------------------------------------------------
+    async def wait_started(self) -> None:
+        """Nothing to wait for: a gateway starts (`start`) before it serves."""
+
+    def envs_ready(self) -> dict[str, bool]:
+        """Per environment: whether an upstream that offers it answers now."""
+        up = set().union(*(s.envs for s in self._servers.values() if s.up))
+        return {name: name in up for name in sorted(self.env_specs)}
+
     async def list_envs(self) -> list[EnvSpec]:
         return [self.env_specs[n] for n in sorted(self.env_specs)]
 
-    async def create(self, items: Sequence[SessionOptions | dict]) -> list[Result]:
+    def limits(self) -> dict[str, Any]:
+        """The upstreams' limits, the strictest of each (and the gateway's own request
+        size); empty while no upstream has answered."""
+        out: dict[str, Any] = {}
+        for server in self._servers.values():
+            for key, value in server.limits.items():
+                known = out.get(key)
+                if known is None or (isinstance(value, int) and isinstance(known, int)):
+                    out[key] = value if known is None else min(known, value)
+        if out and self.max_request_bytes is not None:
+            out["max_request_bytes"] = min(out["max_request_bytes"], self.max_request_bytes)
+        return out
+
+    def _check_batch(self, items: Sequence[Any], field: str = "items") -> None:
+        limit = self.limits().get("max_batch_items")
+        if limit is not None:
+            check_batch(items, limit, field)
+
+    async def create(self, items: Sequence[SessionOptions | Mapping[str, Any]]) -> list[Result]:
+        self._check_batch(items)
         routed: list[tuple[_Server | ServiceError, Any]] = []
         for item in items:
             options = _validate(SessionOptions, item)
@@ -372,18 +405,20 @@ class GatewayService:
                 where.sessions -= 1
         return results
 
-    async def reset(self, items: Sequence[ResetItem | dict]) -> list[Result]:
+    async def reset(self, items: Sequence[ResetItem | Mapping[str, Any]]) -> list[Result]:
+        self._check_batch(items)
         routed: list[tuple[_Server | ServiceError, Any]] = []
         for item in items:
             req = _validate(ResetItem, item)
             if isinstance(req, ServiceError):
                 routed.append((req, None))
             else:
-                item = (req.session_id, req.seed, req.image_encoding)
-                routed.append((self._route(req.session_id), item))
+                call = (req.session_id, req.seed, req.image_encoding)
+                routed.append((self._route(req.session_id), call))
         return await self._fan_out(routed, "reset")
 
-    async def step(self, items: Sequence[StepItem | dict]) -> list[Result]:
+    async def step(self, items: Sequence[StepItem | Mapping[str, Any]]) -> list[Result]:
+        self._check_batch(items)
         routed: list[tuple[_Server | ServiceError, Any]] = []
         for item in items:
             req = _validate(StepItem, item)
@@ -402,15 +437,18 @@ class GatewayService:
         return await self._fan_out(routed, "step")
 
     async def get(self, session_ids: Sequence[str]) -> list[Result]:
+        self._check_batch(session_ids, "session_ids")
         return await self._fan_out([(self._route(sid), sid) for sid in session_ids], "get")
 
     async def close(self, session_ids: Sequence[str]) -> list[ServiceError | None]:
+        self._check_batch(session_ids, "session_ids")
         return await self._fan_out([(self._route(sid), sid) for sid in session_ids], "close")
 
     async def fork(
-        self, items: Sequence[ForkItem | dict]
+        self, items: Sequence[ForkItem | Mapping[str, Any]]
     ) -> list[list[SessionReply] | ServiceError]:
         """Forks are made by the source's upstream (on its worker); their ids name it."""
+        self._check_batch(items)
         routed: list[tuple[_Server | ServiceError, Any]] = []
         for item in items:
             req = _validate(ForkItem, item)

@@ -87,6 +87,7 @@ from .models import (
     SessionReply,
     StepItem,
 )
+from .protocol import check_batch, check_env, unknown_session
 from .session_ids import Origin
 from .settings import Settings
 from .worker import worker_main
@@ -681,16 +682,11 @@ class EnvService:
 
     def _check_batch(self, items: Sized, field: str = "items") -> None:
         """Refuse a call of more items than `max_batch_items`, at once, naming the limit."""
-        limit = self.settings.max_batch_items
-        if len(items) > limit:
-            error = ServiceError(
-                "INVALID_ARGUMENT",
-                f"{field}: {len(items)} items in one call, over this server's limit of "
-                f"{limit} items per call (max_batch_items, GET /v1/limits); split the batch",
-                field,
-            )
+        try:
+            check_batch(items, self.settings.max_batch_items, field)
+        except ServiceError as error:
             self.metrics.errors.labels(error.code).inc()
-            raise error
+            raise
 
     def _check_judge(self, reasoning: ReasoningConfig) -> ServiceError | None:
         """A judge endpoint must be one the operator allowed: the server sends requests
@@ -728,7 +724,7 @@ class EnvService:
             if isinstance(options, ServiceError):
                 results[pos] = options
                 continue
-            error = self._check_env(options.env)
+            error = check_env(self.env_specs, options.env)
             try:
                 reasoning = ReasoningConfig.model_validate(options.reasoning)
             except ValidationError as exc:
@@ -866,7 +862,8 @@ class EnvService:
             if isinstance(session, ServiceError):
                 results[pos] = session
                 continue
-            self._forget(session, ServiceError("NOT_FOUND", f"session {session_id} was closed"))
+            closed = ServiceError("NOT_FOUND", f"session {session_id} was closed", "session_id")
+            self._forget(session, closed)
             planned.setdefault(session.worker, []).append((pos, session))
 
         async def run(worker: WorkerHandle, group: list[tuple[int, Session]]) -> None:
@@ -1236,29 +1233,6 @@ class EnvService:
         )  # fmt: skip
         self.metrics.worker_timeouts.inc()
 
-    def _check_env(self, name: str) -> ServiceError | None:
-        spec = self.env_specs.get(name)
-        if spec is None:
-            return ServiceError(
-                "NOT_FOUND",
-                f"unknown environment {name!r}; known: {sorted(self.env_specs)}",
-                "env",
-            )
-        if not spec.available:
-            return ServiceError(
-                "UNAVAILABLE",
-                f"environment {name!r} can't run here: {spec.unavailable_reason}",
-                "env",
-            )
-        if not spec.enabled:
-            enabled = sorted(n for n, s in self.env_specs.items() if s.enabled)
-            return ServiceError(
-                "NOT_FOUND",
-                f"environment {name!r} is not enabled on this server; enabled: {enabled}",
-                "env",
-            )
-        return None
-
     def _pick_worker(self) -> WorkerHandle | None:
         alive = [w for w in self.workers if w.alive]
         return min(alive, key=lambda w: len(w.sessions)) if alive else None
@@ -1270,7 +1244,7 @@ class EnvService:
         gone = self._gone.get(session_id)
         if gone is not None:
             return gone
-        return ServiceError("NOT_FOUND", f"no session {session_id!r}", "session_id")
+        return unknown_session(session_id)
 
     def _forget(self, session: Session, reason: ServiceError | None = None) -> None:
         if self.sessions.get(session.id) is session:

@@ -151,9 +151,9 @@ class Worker:
     def handle(self, batch: Sequence[Message]) -> list[Any]:
         """The answers of a batch, in order (concurrent callers' batches arrive coalesced
         into one); a message that fails answers its own error and the others go on."""
-        return [self._guard(message) for message in batch]
+        return [self._answer_one(message) for message in batch]
 
-    def _guard(self, message: Message) -> Any:
+    def _answer_one(self, message: Message) -> Any:
         """Answer one message; any failure becomes that message's structured error.
 
         An unexpected exception (a bug) is INTERNAL with an error id that the logged

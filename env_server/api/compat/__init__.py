@@ -13,9 +13,9 @@ protocols", has the URLs to give each peer's client and what each adapter suppor
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import FastAPI
+
+from env_server.service.protocol import SessionService
 
 from .common import PREFIX, IdTable
 from .openenv import openenv_router
@@ -27,7 +27,7 @@ __all__ = ["LEGACY_PREFIX", "PREFIX", "add_compat_routes"]
 
 def add_compat_routes(
     app: FastAPI,
-    service: Any,
+    service: SessionService,
     *,
     max_sessions: int = 4096,
     idle_timeout: float = 600.0,

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from env_server.service.models import ActionModel, ServiceError, SessionReply
+from env_server.service.protocol import SessionService, check_env
 
 from .common import PREFIX
 
@@ -105,7 +106,7 @@ def _message(code: str, message: str) -> dict[str, Any]:
 class Connection:
     """The one session of one WebSocket connection."""
 
-    def __init__(self, service: Any, env: str) -> None:
+    def __init__(self, service: SessionService, env: str) -> None:
         self.service = service
         self.env = env
         self.session_id: str | None = None
@@ -241,20 +242,14 @@ class Connection:
         return self.observation(result), False
 
 
-def openenv_router(service: Any) -> APIRouter:
+def openenv_router(service: SessionService) -> APIRouter:
     router = APIRouter(prefix=f"{PREFIX}/openenv/{{env}}", tags=["compat: OpenEnv"])
 
     def unknown(env: str) -> ServiceError | None:
-        spec = service.env_specs.get(env)
-        if spec is None or not spec.enabled:
-            enabled = sorted(n for n, s in service.env_specs.items() if s.enabled)
-            return ServiceError(
-                "NOT_FOUND", f"environment {env!r} is not served here; enabled: {enabled}", "env"
-            )
-        return None
+        return check_env(service.env_specs, env)
 
     def not_found(error: ServiceError) -> JSONResponse:
-        return JSONResponse({"error": error.to_json()}, status_code=404)
+        return JSONResponse({"error": error.to_json()}, status_code=error.http_status)
 
     @router.get("/health")
     async def health(env: str) -> JSONResponse:

@@ -28,6 +28,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from env_server.service.models import ServiceError, SessionReply
+from env_server.service.protocol import SessionService, check_env
 
 from .common import PREFIX, Binding, IdTable, full_error, info_of, png_images, request_namespace
 from .multipart import mixed_reply, read_data_part
@@ -95,18 +96,9 @@ def multipart(data: dict[str, Any], images: list[bytes] | None = None) -> Respon
     return Response(body, media_type=media_type)
 
 
-def vagen_router(service: Any, table: IdTable) -> APIRouter:
+def vagen_router(service: SessionService, table: IdTable) -> APIRouter:
     """The routes above over `service` (EnvService or GatewayService)."""
     router = APIRouter(prefix=f"{PREFIX}/vagen/{{env}}", tags=["compat: VAGEN remote"])
-
-    def check_env(env: str) -> ServiceError | None:
-        spec = service.env_specs.get(env)
-        if spec is None or not spec.enabled:
-            enabled = sorted(n for n, s in service.env_specs.items() if s.enabled)
-            return ServiceError(
-                "NOT_FOUND", f"environment {env!r} is not served here; enabled: {enabled}", "env"
-            )
-        return None
 
     def lookup(request: Request, env: str, session_id: Any) -> Binding | ServiceError:
         if not isinstance(session_id, str) or not session_id:
@@ -124,10 +116,10 @@ def vagen_router(service: Any, table: IdTable) -> APIRouter:
     @router.get("/health")
     async def health(env: str) -> JSONResponse:
         """VAGEN remote env health check: {ok, service, env}; 404 for an unknown env."""
-        error = check_env(env)
+        error = check_env(service.env_specs, env)
         status = (await service.health())["status"]
         body = {"ok": error is None and status == "ok", "service": "visenv", "env": env}
-        return JSONResponse(body, status_code=404 if error else 200)
+        return JSONResponse(body, status_code=error.http_status if error else 200)
 
     @router.get("/sessions")
     async def sessions(env: str, request: Request) -> JSONResponse:
@@ -161,7 +153,7 @@ def vagen_router(service: Any, table: IdTable) -> APIRouter:
         first observation, as multipart)."""
         try:
             data = read_data_part(request.headers.get("content-type", ""), await request.body())
-            error = check_env(env)
+            error = check_env(service.env_specs, env)
             if error is not None:
                 raise error
             seed = data.get("seed")

@@ -28,6 +28,7 @@ from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse
 
 from env_server.service.models import ServiceError, SessionReply
+from env_server.service.protocol import SessionService, check_env
 
 from .common import PREFIX, Binding, IdTable, full_error, info_of, request_namespace
 from .vagen_config import session_options
@@ -61,7 +62,7 @@ def _bad_request(error: ServiceError) -> JSONResponse:
     return JSONResponse({"error": error.to_json()}, status_code=400)
 
 
-def legacy_router(service: Any, table: IdTable) -> APIRouter:
+def legacy_router(service: SessionService, table: IdTable) -> APIRouter:
     router = APIRouter(prefix=LEGACY_PREFIX, tags=["compat: VAGEN legacy"])
 
     def find(ns: str, ids: list[Any]) -> tuple[dict[str, Binding], dict[str, dict]]:
@@ -110,10 +111,11 @@ def legacy_router(service: Any, table: IdTable) -> APIRouter:
                     raise ServiceError(
                         "INVALID_ARGUMENT", f"unknown config key(s) {unknown}", unknown[0]
                     )
-                env = config.get("env_name")
-                spec = service.env_specs.get(env)
-                if spec is None or not spec.enabled:
-                    raise ServiceError("NOT_FOUND", f"unknown environment type: {env}", "env_name")
+                env = str(config.get("env_name"))
+                refused = check_env(service.env_specs, env)
+                if refused is not None:  # named by this protocol's key
+                    raise ServiceError(refused.code, refused.message, "env_name")
+                spec = service.env_specs[env]
                 seed = config.get("seed", 0)
                 if isinstance(seed, bool) or not isinstance(seed, int):
                     raise ServiceError("INVALID_ARGUMENT", "seed must be an integer", "seed")
