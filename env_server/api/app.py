@@ -169,7 +169,6 @@ async def serve(settings: Settings, announce: Callable[[str], None] = print) -> 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        http_task = asyncio.create_task(server.serve(sockets=[http_sock]))
         stop_task = asyncio.create_task(stop.wait())
         await asyncio.wait({http_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
         server.should_exit = True
