@@ -760,7 +760,7 @@ class EnvService:
             planned.setdefault(worker, []).append((pos, session))
 
         async def run(worker: WorkerHandle, group: list[tuple[int, Session]]) -> None:
-            batch = [Create(s.id, s.options.model_dump(mode="json")) for _, s in group]
+            batch = [Create(s.id, s.options, s.reasoning) for _, s in group]
             answers = await self._call(worker, batch, [s.env for _, s in group])
             for (pos, session), answer in zip(group, answers, strict=True):
                 results[pos] = answer
@@ -826,8 +826,7 @@ class EnvService:
             )
 
         def message(item: StepItem, session: Session) -> Step:
-            actions = None if item.actions is None else [a.model_dump() for a in item.actions]
-            return Step(session.id, item.response, actions, item.image_encoding)
+            return Step(session.id, item.response, item.actions, item.image_encoding)
 
         def applied(item: StepItem, session: Session, reply: SessionReply) -> None:
             session.step_index += 1
