@@ -219,8 +219,8 @@ class Error:
 
 
 class InvalidField(ValueError):
-    """A request field that can't be read (malformed JSON in a `*_json` field, no input):
-    the server answers INVALID_ARGUMENT naming `field`."""
+    """A request field that can't be read (malformed JSON in a `*_json` field): the
+    server answers INVALID_ARGUMENT naming `field`."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
@@ -616,8 +616,8 @@ class EnvSpec:
 
 @dataclass(frozen=True)
 class SessionOptions:
-    """Options of a new session, as sent (docs/wire.md). None means the server's default;
-    the server validates them (env_server.service.models.SessionOptions)."""
+    """Options of a new session, as a client sends them (docs/wire.md). None means the
+    server's default; the server reads them into env_server.service.models.SessionOptions."""
 
     env: str
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -648,19 +648,6 @@ class SessionOptions:
             representation=self.representation,
             reasoning_json=json.dumps(self.reasoning) if self.reasoning else "",
             image_encoding=self.image_encoding,
-        )
-
-    @classmethod
-    def from_proto(cls, msg: pb.SessionOptions) -> SessionOptions:
-        """Raises InvalidField for a `*_json` field that is not a JSON object."""
-        return cls(
-            env=msg.env,
-            config=json_object(msg.config_json, "config_json"),
-            seed=msg.seed,
-            format=msg.format if msg.HasField("format") else None,
-            representation=msg.representation if msg.HasField("representation") else None,
-            reasoning=json_object(msg.reasoning_json, "reasoning_json"),
-            image_encoding=msg.image_encoding if msg.HasField("image_encoding") else None,
         )
 
 
@@ -699,7 +686,8 @@ ActionSpec = Action  # the SDK's name for it (clients.ActionSpec)
 
 @dataclass(frozen=True)
 class StepItem:
-    """One session's turn: the agent's response text, or explicit actions."""
+    """One session's turn as a client sends it: the agent's response text, or explicit
+    actions (the server reads it into env_server.service.models.StepItem)."""
 
     session_id: str
     step_index: int
@@ -728,26 +716,6 @@ class StepItem:
             out.response = self.response or ""
         if self.image_encoding is not None:
             out.image_encoding = self.image_encoding
-
-    @classmethod
-    def from_proto(cls, msg: pb.StepItem) -> StepItem:
-        """Raises InvalidField when the item has neither a response nor actions."""
-        which = msg.WhichOneof("input")
-        if which is None:
-            raise InvalidField("input", "give exactly one of 'response' or 'actions'")
-        actions = None
-        if which == "actions":
-            actions = tuple(
-                Action(a.name, tuple(a.args), a.payload if a.HasField("payload") else None)
-                for a in msg.actions.actions
-            )
-        return cls(
-            session_id=msg.session_id,
-            step_index=msg.step_index,
-            response=msg.response if which == "response" else None,
-            actions=actions,
-            image_encoding=msg.image_encoding if msg.HasField("image_encoding") else None,
-        )
 
 
 # ---------------------------------------------------------------------------- batch envelopes
