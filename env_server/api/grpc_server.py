@@ -104,26 +104,22 @@ def fork_item(f: pb.ForkItem) -> ForkItem:
 
 async def _per_item(
     raw: Sequence[Any],
-    convert: Callable[[Any], M],
-    call: Callable[[list[M]], Awaitable[list[Any]]],
+    parse: Callable[[Any], M],
+    call: Callable[[list[M | ServiceError]], Awaitable[list[Any]]],
 ) -> list[Any]:
-    """Parse each item; the ones that fail get their own error and the rest go to the
-    service in one call, answered in the original order."""
-    results: list[Any] = [None] * len(raw)
-    good: list[tuple[int, M]] = []
-    for pos, item in enumerate(raw):
+    """Parse each item and make one service call, answered in the original order. An item
+    that fails to parse goes as its error, in its place: the service answers it as it is
+    (counted, and held to the batch limit with the others, as any item it refuses)."""
+    items: list[M | ServiceError] = []
+    for item in raw:
         try:
-            good.append((pos, convert(item)))
+            items.append(parse(item))
         except ServiceError as err:
-            results[pos] = err
-    if good:
-        # shielded: when the client goes away mid-call, grpc cancels this handler, but the
-        # service must still record what its workers applied, so that a retry of the
-        # same step_index is answered from memory instead of being applied again
-        answers = await asyncio.shield(call([item for _, item in good]))
-        for (pos, _), answer in zip(good, answers, strict=True):
-            results[pos] = answer
-    return results
+            items.append(err)
+    # shielded: when the client goes away mid-call, grpc cancels this handler, but the
+    # service must still record what its workers applied, so that a retry of the
+    # same step_index is answered from memory instead of being applied again
+    return await asyncio.shield(call(items))
 
 
 async def _batch_reply(results: list[Any]) -> pb.BatchResponse:

@@ -16,8 +16,10 @@ API (all methods are coroutines; batch-first, answered per item, in order)::
     service.metrics.render()    -> Prometheus text
     await service.stop()
 
-Items may be pydantic models or plain dicts (validated here, one by one, so a bad item
-gets its own INVALID_ARGUMENT naming the field and the others go on). Single-session
+Items are the models of `models.py` as an adapter parsed them, or plain dicts (validated
+here, one by one, so a bad item gets its own INVALID_ARGUMENT naming the field and the
+others go on), or the ServiceError of an item an adapter could not parse (answered as
+it is, in its place). Single-session
 calls are batches of one. `ServiceError(code, message, field)` carries the wire error
 codes of docs/wire.md; `error.http_status` gives the HTTP status.
 
@@ -437,8 +439,8 @@ def _step_key(item: StepItem) -> tuple:
     return item.response, actions, item.image_encoding
 
 
-def _validate(model: type[M], raw: M | Mapping[str, Any]) -> M | ServiceError:
-    if isinstance(raw, model):
+def _validate(model: type[M], raw: M | Mapping[str, Any] | ServiceError) -> M | ServiceError:
+    if isinstance(raw, model | ServiceError):  # parsed by the adapter (or refused there)
         return raw
     try:
         return model.model_validate(raw)
