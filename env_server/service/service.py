@@ -19,9 +19,9 @@ API (all methods are coroutines; batch-first, answered per item, in order)::
 Items are the models of `models.py` as an adapter parsed them, or plain dicts (validated
 here, one by one, so a bad item gets its own INVALID_ARGUMENT naming the field and the
 others go on), or the ServiceError of an item an adapter could not parse (answered as
-it is, in its place). Single-session
-calls are batches of one. `ServiceError(code, message, field)` carries the wire error
-codes of docs/wire.md; `error.http_status` gives the HTTP status.
+it is, in its place). Single-session calls are batches of one. `ServiceError(code,
+message, field)` carries the wire error codes of docs/wire.md; `error.http_status` gives
+the HTTP status.
 
 How it works: environments live in worker processes (`worker.py`), sessions are
 pinned to the least-loaded worker at creation, and this (API) process only routes:
