@@ -43,9 +43,11 @@ sys.path.insert(0, str(ROOT))
 
 from bench_transport import ServerCPU, client_cpu  # noqa: E402  (same folder)
 
+from env_server.reasoning import ReasoningConfig  # noqa: E402
 from env_server.service import images as images_module  # noqa: E402
 from env_server.service import worker as worker_module  # noqa: E402
 from env_server.service.messages import Create, Reset, Step  # noqa: E402
+from env_server.service.models import SessionOptions  # noqa: E402
 from env_server.testing.launcher import launch_server  # noqa: E402
 
 MOVES = ("Up", "Down", "Left", "Right")
@@ -128,7 +130,8 @@ def in_process(args, rng: random.Random) -> tuple[Result, float]:
     images_module.encode_image = timed_encode
     worker = worker_module.Worker()
     ids = [f"s-{i:016x}" for i in range(args.sessions)]
-    worker.handle([Create(sid, options(i)) for i, sid in enumerate(ids)])
+    made = [SessionOptions.model_validate(options(i)) for i in range(len(ids))]
+    worker.handle([Create(sid, o, ReasoningConfig()) for sid, o in zip(ids, made, strict=True)])
     seeds = dict.fromkeys(ids, 0)
 
     def one_round() -> tuple[int, int, list[float]]:

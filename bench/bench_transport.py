@@ -149,7 +149,9 @@ async def measure(
 
 
 async def bench_in_process(batch: int, encoding: str, args: argparse.Namespace) -> Result:
+    from env_server.reasoning import ReasoningConfig
     from env_server.service.messages import Create, Reset, Step
+    from env_server.service.models import SessionOptions
     from env_server.service.worker import Worker
 
     worker = Worker()
@@ -162,7 +164,8 @@ async def bench_in_process(batch: int, encoding: str, args: argparse.Namespace) 
         "format": "grounding_worldmodeling",
         "image_encoding": encoding,
     }
-    worker.handle([Create(sid, {**options, "seed": i}) for i, sid in enumerate(ids)])
+    made = [SessionOptions.model_validate({**options, "seed": i}) for i in range(batch)]
+    worker.handle([Create(sid, o, ReasoningConfig()) for sid, o in zip(ids, made, strict=True)])
     seeds = list(range(batch))
 
     async def step(texts: list[str]) -> list[bool]:

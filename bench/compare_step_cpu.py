@@ -49,7 +49,13 @@ def drive(warmup: int, steps: int, encoding: str) -> None:
         worker.preload(["sokoban"])
 
         def create(items):
-            return worker.handle([Create(s, o) for s, o in items])
+            if "reasoning" not in Create.__slots__:  # options as JSON (before issue 27)
+                return worker.handle([Create(s, o) for s, o in items])
+            from env_server.reasoning import ReasoningConfig
+            from env_server.service.models import SessionOptions
+
+            made = [(s, SessionOptions.model_validate(o)) for s, o in items]
+            return worker.handle([Create(s, o, ReasoningConfig()) for s, o in made])
 
         def step(items):
             return [x.reply for x in worker.handle([Step(s, t) for s, t in items])]

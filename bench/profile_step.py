@@ -121,7 +121,9 @@ def drive_in_process(seconds: float) -> None:
 
     import bench_transport as bt
 
+    from env_server.reasoning import ReasoningConfig
     from env_server.service.messages import Create, Reset, Step
+    from env_server.service.models import SessionOptions
     from env_server.service.worker import Worker
 
     worker = Worker()
@@ -131,7 +133,8 @@ def drive_in_process(seconds: float) -> None:
     ids = [f"s-{i:016x}" for i in range(n)]
     options = {"env": "sokoban", "config": bt.CONFIG, "format": "grounding_worldmodeling",
                "image_encoding": "png"}  # fmt: skip
-    worker.handle([Create(sid, {**options, "seed": i}) for i, sid in enumerate(ids)])
+    made = [SessionOptions.model_validate({**options, "seed": i}) for i in range(n)]
+    worker.handle([Create(sid, o, ReasoningConfig()) for sid, o in zip(ids, made, strict=True)])
     seeds, rng = list(range(n)), random.Random(0)
     end = time.monotonic() + seconds
     while time.monotonic() < end:

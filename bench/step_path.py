@@ -1,7 +1,8 @@
 """Which hand-written files one Sokoban step passes through, over REST and over gRPC.
 
 Runs a real service (one worker process, forked) with the REST app and the gRPC server in
-this process, creates a session on each transport, and profiles exactly one step request:
+this process, creates a session on each transport, and profiles exactly one step request
+(a model's response; then, as `rest+actions` / `grpc+actions`, one of explicit actions):
 every Python function called while the step is in flight, in this process and in the
 worker (the profiler is inherited through the fork and switched on and off by a flag in
 shared memory), is mapped to its file. Files of this repository count as hand-written,
@@ -117,6 +118,13 @@ async def main() -> dict[str, list[str]]:
 
             paths["rest"] = await _traced(rest_step)
 
+            async def rest_actions() -> None:
+                body = {"step_index": 1, "actions": [{"name": "Left"}]}
+                reply = await http.post(f"/v1/sessions/{sid}/step", json=body)
+                assert reply.status_code == 200, reply.text
+
+            paths["rest+actions"] = await _traced(rest_actions)
+
         server = build_grpc_server(service, "127.0.0.1:0", None)
         await server.start()
         port = getattr(server, "port", None)
@@ -133,6 +141,14 @@ async def main() -> dict[str, list[str]]:
                     assert reply.results[0].HasField("reply"), reply
 
                 paths["grpc"] = await _traced(grpc_step)
+
+                async def grpc_actions() -> None:
+                    item = pb.StepItem(session_id=sid, step_index=1)
+                    item.actions.actions.add(name="Left")
+                    reply = await stub.Step(pb.StepRequest(items=[item]))
+                    assert reply.results[0].HasField("reply"), reply
+
+                paths["grpc+actions"] = await _traced(grpc_actions)
         finally:
             await server.stop(grace=1)
     finally:

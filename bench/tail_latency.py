@@ -32,7 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_transport import CONFIG, response  # noqa: E402
 
+from env_server.reasoning import ReasoningConfig  # noqa: E402
 from env_server.service.messages import Create, Reset, Step  # noqa: E402
+from env_server.service.models import SessionOptions  # noqa: E402
 from env_server.service.worker import Worker  # noqa: E402
 
 
@@ -61,7 +63,8 @@ def main() -> None:
     ids = [f"s-{i:016x}" for i in range(n)]
     options = {"env": "sokoban", "config": CONFIG, "format": "grounding_worldmodeling",
                "image_encoding": "png"}  # fmt: skip
-    worker.handle([Create(sid, {**options, "seed": i}) for i, sid in enumerate(ids)])
+    made = [SessionOptions.model_validate({**options, "seed": i}) for i in range(n)]
+    worker.handle([Create(sid, o, ReasoningConfig()) for sid, o in zip(ids, made, strict=True)])
     seeds = list(range(n))
     if args.gc_freeze:
         gc.freeze()

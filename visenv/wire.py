@@ -7,8 +7,9 @@ neither of them (nor trainer/): only the code generated from the .proto.
 - Error codes: `ERROR_CODES`, read from the proto enum `ErrorCode` and its options, and
   the maps derived from it: `HTTP_STATUS`, `GRPC_STATUS`, `code_of_http`, `code_of_grpc`.
 - Replies: `SessionReply` (`Observation`, `Image`, `RewardParts`), `EnvSpec`, `Error`.
-- Requests built by clients and read by the gRPC server: `SessionOptions`, `StepItem`
-  (`ActionSpec`).
+- Requests as clients build them: `SessionOptions`, `StepItem` (`Action`, also the
+  environments' action type). The server reads requests into its own validated models
+  (env_server/service/models.py), straight from the JSON or the proto message.
 - Each has `to_json` / `from_json` (docs/wire.md's JSON, images as base64) and
   `to_proto` / `from_proto` (free-form JSON objects as text in `*_json` fields).
 - The JSON envelopes of the batch calls (`BatchItem`, `BatchResponse`, ...) are declared
@@ -218,15 +219,16 @@ class Error:
 
 
 class InvalidField(ValueError):
-    """A request field that can't be read (malformed JSON in a `*_json` field, no input):
-    the server answers INVALID_ARGUMENT naming `field`."""
+    """A request field that can't be read (malformed JSON in a `*_json` field): the
+    server answers INVALID_ARGUMENT naming `field`."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
 
 
-def _json_object(text: str, field: str) -> dict[str, Any]:
+def json_object(text: str, field: str) -> dict[str, Any]:
+    """The JSON object of a proto `*_json` field ({} when empty); InvalidField otherwise."""
     if not text:
         return {}
     try:
@@ -614,8 +616,8 @@ class EnvSpec:
 
 @dataclass(frozen=True)
 class SessionOptions:
-    """Options of a new session, as sent (docs/wire.md). None means the server's default;
-    the server validates them (env_server.service.models.SessionOptions)."""
+    """Options of a new session, as a client sends them (docs/wire.md). None means the
+    server's default; the server reads them into env_server.service.models.SessionOptions."""
 
     env: str
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -648,24 +650,15 @@ class SessionOptions:
             image_encoding=self.image_encoding,
         )
 
-    @classmethod
-    def from_proto(cls, msg: pb.SessionOptions) -> SessionOptions:
-        """Raises InvalidField for a `*_json` field that is not a JSON object."""
-        return cls(
-            env=msg.env,
-            config=_json_object(msg.config_json, "config_json"),
-            seed=msg.seed,
-            format=msg.format if msg.HasField("format") else None,
-            representation=msg.representation if msg.HasField("representation") else None,
-            reasoning=_json_object(msg.reasoning_json, "reasoning_json"),
-            image_encoding=msg.image_encoding if msg.HasField("image_encoding") else None,
-        )
-
 
 @dataclass(frozen=True)
-class ActionSpec:
-    """An explicit action (manual play: skips response parsing and its rewards); the
-    proto's `Action`."""
+class Action:
+    """One action, the same type from the wire to the environment: an explicit action of a
+    step (manual play: skips response parsing and its rewards; the proto's `Action`), and
+    each action `env_server.reasoning` parses from a response (`env_server.core.types`
+    re-exports it). At the environment `name` is the canonical name from the action space
+    (its own spelling, whatever case the agent used); `args` holds the numbers of a CALL
+    action, `payload` the document of a DOCUMENT action."""
 
     name: str
     args: tuple[float, ...] = ()
@@ -679,15 +672,27 @@ class ActionSpec:
             out["payload"] = self.payload
         return out
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Action:
+        return cls(
+            name=str(data["name"]),
+            args=tuple(data.get("args", ()) or ()),
+            payload=data.get("payload"),
+        )
+
+
+ActionSpec = Action  # the SDK's name for it (clients.ActionSpec)
+
 
 @dataclass(frozen=True)
 class StepItem:
-    """One session's turn: the agent's response text, or explicit actions."""
+    """One session's turn as a client sends it: the agent's response text, or explicit
+    actions (the server reads it into env_server.service.models.StepItem)."""
 
     session_id: str
     step_index: int
     response: str | None = None
-    actions: tuple[ActionSpec, ...] | None = None
+    actions: tuple[Action, ...] | None = None
     image_encoding: str | None = None  # an override for this reply
 
     def to_json(self) -> dict[str, Any]:
@@ -711,26 +716,6 @@ class StepItem:
             out.response = self.response or ""
         if self.image_encoding is not None:
             out.image_encoding = self.image_encoding
-
-    @classmethod
-    def from_proto(cls, msg: pb.StepItem) -> StepItem:
-        """Raises InvalidField when the item has neither a response nor actions."""
-        which = msg.WhichOneof("input")
-        if which is None:
-            raise InvalidField("input", "give exactly one of 'response' or 'actions'")
-        actions = None
-        if which == "actions":
-            actions = tuple(
-                ActionSpec(a.name, tuple(a.args), a.payload if a.HasField("payload") else None)
-                for a in msg.actions.actions
-            )
-        return cls(
-            session_id=msg.session_id,
-            step_index=msg.step_index,
-            response=msg.response if which == "response" else None,
-            actions=actions,
-            image_encoding=msg.image_encoding if msg.HasField("image_encoding") else None,
-        )
 
 
 # ---------------------------------------------------------------------------- batch envelopes

@@ -1,6 +1,7 @@
 """The gRPC servicer of visenv.v1: a thin adapter over a `SessionService`.
 
-It turns proto messages into the service's request dicts and its replies back into
+It parses each proto request item once, straight into the service's request model
+(`service/models.py`, the same validation as REST's), and turns the replies back into
 proto messages (with `visenv.wire`'s conversions); all session logic (validation,
 routing, step indices, limits) is the service's. Per-item errors travel inside
 `BatchResponse`; a failure of the whole call aborts with the matching gRPC status and the
@@ -20,13 +21,20 @@ import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from pydantic import BaseModel, ValidationError
 
-from env_server.service.models import ServiceError
+from env_server.service.models import (
+    ForkItem,
+    ResetItem,
+    ServiceError,
+    SessionOptions,
+    StepItem,
+)
 from env_server.service.protocol import SessionService
 from env_server.service.settings import Settings
 from visenv import wire
@@ -39,63 +47,79 @@ MAX_SEND_BYTES = 256 * 1024 * 1024  # replies: large batches of images
 OFFLOAD_ITEMS = 64  # batch replies longer than this are built in a thread
 # calls that never need the token
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
+M = TypeVar("M", bound=BaseModel)
 
 
 # ---- proto -> service requests ------------------------------------------------------
 
 
-def options_item(o: pb.SessionOptions) -> dict[str, Any]:
+def _parsed(model: type[M], fields: dict[str, Any]) -> M:
+    """The fields read off a proto message, validated once into the service's `model`."""
     try:
-        return wire.SessionOptions.from_proto(o).to_json()
+        return model.model_validate(fields)
+    except ValidationError as exc:
+        raise ServiceError.from_validation(exc) from None
+
+
+def _optional(msg: Any, fields: dict[str, Any], *names: str) -> dict[str, Any]:
+    """`fields` with those of `names` the message sets (unset: the model's default)."""
+    for name in names:
+        if msg.HasField(name):
+            fields[name] = getattr(msg, name)
+    return fields
+
+
+def options_item(o: pb.SessionOptions) -> SessionOptions:
+    try:
+        config = wire.json_object(o.config_json, "config_json")
+        reasoning = wire.json_object(o.reasoning_json, "reasoning_json")
     except wire.InvalidField as exc:
         raise ServiceError("INVALID_ARGUMENT", str(exc), exc.field) from None
+    fields = {"env": o.env, "config": config, "seed": o.seed, "reasoning": reasoning}
+    return _parsed(SessionOptions, _optional(o, fields, "format", "representation", "image_encoding"))
 
 
-def reset_item(r: pb.ResetItem) -> dict[str, Any]:
-    item: dict[str, Any] = {"session_id": r.session_id}
-    if r.HasField("seed"):
-        item["seed"] = r.seed
-    if r.HasField("image_encoding"):
-        item["image_encoding"] = r.image_encoding
-    return item
+def reset_item(r: pb.ResetItem) -> ResetItem:
+    return _parsed(ResetItem, _optional(r, {"session_id": r.session_id}, "seed", "image_encoding"))
 
 
-def step_item(s: pb.StepItem) -> dict[str, Any]:
-    try:
-        return wire.StepItem.from_proto(s).to_json()
-    except wire.InvalidField as exc:
-        raise ServiceError("INVALID_ARGUMENT", str(exc), exc.field) from None
+def step_item(s: pb.StepItem) -> StepItem:
+    which = s.WhichOneof("input")
+    if which is None:
+        raise ServiceError("INVALID_ARGUMENT", "give exactly one of 'response' or 'actions'", "input")
+    fields: dict[str, Any] = {"session_id": s.session_id, "step_index": s.step_index}
+    if which == "response":
+        fields["response"] = s.response
+    else:  # each pb.Action straight into an ActionModel (the worker makes it an Action)
+        fields["actions"] = [
+            _optional(a, {"name": a.name, "args": list(a.args)}, "payload")
+            for a in s.actions.actions
+        ]
+    return _parsed(StepItem, _optional(s, fields, "image_encoding"))
 
 
-def fork_item(f: pb.ForkItem) -> dict[str, Any]:
-    item: dict[str, Any] = {"session_id": f.session_id}
-    if f.HasField("n"):
-        item["n"] = f.n
-    return item
+def fork_item(f: pb.ForkItem) -> ForkItem:
+    return _parsed(ForkItem, _optional(f, {"session_id": f.session_id}, "n"))
 
 
 async def _per_item(
     raw: Sequence[Any],
-    convert: Callable[[Any], dict[str, Any]],
-    call: Callable[[list[dict[str, Any]]], Awaitable[list[Any]]],
+    parse: Callable[[Any], M],
+    call: Callable[[list[M | ServiceError]], Awaitable[list[Any]]],
 ) -> list[Any]:
-    """Convert each item; the ones that fail conversion get their own error and the
-    rest go to the service in one call, answered in the original order."""
-    results: list[Any] = [None] * len(raw)
-    good: list[tuple[int, dict[str, Any]]] = []
-    for pos, item in enumerate(raw):
+    """Parse each item and make one service call, answered in the original order. An item
+    that fails to parse goes as its error, in its place: the service answers it as it is
+    (counted, and held to the batch limit with the others, as any item it refuses)."""
+    items: list[M | ServiceError] = []
+    for item in raw:
         try:
-            good.append((pos, convert(item)))
+            items.append(parse(item))
         except ServiceError as err:
-            results[pos] = err
-    if good:
-        # shielded: when the client goes away mid-call, grpc cancels this handler, but the
-        # service must still record what its workers applied, so that a retry of the
-        # same step_index is answered from memory instead of being applied again
-        answers = await asyncio.shield(call([item for _, item in good]))
-        for (pos, _), answer in zip(good, answers, strict=True):
-            results[pos] = answer
-    return results
+            items.append(err)
+    # shielded: when the client goes away mid-call, grpc cancels this handler, but the
+    # service must still record what its workers applied, so that a retry of the
+    # same step_index is answered from memory instead of being applied again
+    return await asyncio.shield(call(items))
 
 
 async def _batch_reply(results: list[Any]) -> pb.BatchResponse:

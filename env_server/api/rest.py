@@ -360,17 +360,14 @@ def build_app(
     async def reset(session_id: str, body: ResetBody | None = Body(None)) -> Response:
         """Start a new episode in the session: at `seed`, or at the previous seed + 1
         when none is given."""
-        body = body or ResetBody()
-        item = {"session_id": session_id, **body.model_dump(exclude_none=True)}
-        return one((await service.reset([item]))[0])
+        return one((await service.reset([(body or ResetBody()).item(session_id)]))[0])
 
     @app.post("/v1/sessions/{session_id}/step", tags=["sessions"], **ONE)
     async def step(session_id: str, body: StepBody) -> Response:
         """Take one turn: the agent's raw response (parsed and graded) or explicit
         actions. `step_index` must be the reply's; a repeated index is answered from
         memory, never applied twice."""
-        item = {"session_id": session_id, **body.model_dump(exclude_none=True)}
-        return one((await service.step([item]))[0])
+        return one((await service.step([body.item(session_id)]))[0])
 
     @app.post(
         "/v1/sessions/{session_id}/fork",
@@ -381,8 +378,7 @@ def build_app(
     async def fork(session_id: str, body: ForkBody | None = Body(None)) -> Response:
         """Make `n` new sessions in this session's exact state (group rollouts,
         branches)."""
-        body = body or ForkBody()
-        result = (await service.fork([{"session_id": session_id, **body.model_dump()}]))[0]
+        result = (await service.fork([(body or ForkBody()).item(session_id)]))[0]
         if isinstance(result, ServiceError):
             return error_response(result)
         return JSONResponse({"replies": [r.to_json() for r in result]})

@@ -1,8 +1,9 @@
 """Step and observation types shared by every environment.
 
-An environment never sees free text: it receives `Action`s that `reasoning/` parsed
-from the agent's response, and answers with an `Observation` (on reset) or a
-`Transition` (on step), in the spirit of dm_env's explicit step types.
+An environment never sees free text: it receives `Action`s (the wire's type,
+`visenv.wire.Action`, re-exported here) that `reasoning/` parsed from the agent's
+response or that a client sent as explicit actions, and answers with an `Observation`
+(on reset) or a `Transition` (on step), in the spirit of dm_env's explicit step types.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from enum import Enum
 from typing import Any
 
 import numpy as np
+
+# one action type from the wire to the environment, re-exported for the environments
+from visenv.wire import Action as Action
 
 IMAGE_PLACEHOLDER = "<image>"
 
@@ -46,36 +50,6 @@ class ActionKind(str, Enum):
     DISCRETE = "discrete"  # bare names separated by ",": "Left, Up"
     CALL = "call"  # names with numeric arguments: "pick(10, 20, 30), place(0, 0, 40)"
     DOCUMENT = "document"  # one whole document as the action (an SVG file)
-
-
-@dataclass(frozen=True)
-class Action:
-    """One parsed action.
-
-    `name` is the canonical name from the action space (its own spelling, whatever
-    case the agent used); `args` holds numbers for CALL actions; `payload` holds the
-    document for DOCUMENT actions.
-    """
-
-    name: str
-    args: tuple[float, ...] = ()
-    payload: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name}
-        if self.args:
-            out["args"] = list(self.args)
-        if self.payload is not None:
-            out["payload"] = self.payload
-        return out
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Action:
-        return cls(
-            name=str(data["name"]),
-            args=tuple(data.get("args", ()) or ()),
-            payload=data.get("payload"),
-        )
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ HEALTH_PROBE_SECONDS = 2.0  # how long /health waits for the upstreams' own figu
 
 def _validate(model: type[M], item: Any) -> M | ServiceError:
     """An item as the model, or its error naming the field as `EnvService` does."""
-    if isinstance(item, model):
+    if isinstance(item, model | ServiceError):  # parsed by the adapter (or refused there)
         return item
     try:
         return model.model_validate(item)

@@ -17,7 +17,8 @@ to close its sessions and exit.
 
 Message (API -> worker)                 answer
     ListEnv(name)                           EnvSpec
-    Create(session_id, options)             SessionReply (options: SessionOptions as JSON)
+    Create(session_id, options, reasoning)  SessionReply (the validated SessionOptions and
+                                            its ReasoningConfig, as the service holds them)
     Reset(session_id, seed, encoding)       SessionReply
     Step(session_id, response, actions, encoding)
                                             Stepped (the reply; its reward is assembled
@@ -36,12 +37,12 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
-    from env_server.reasoning import JudgeItem, TurnScore
+    from env_server.reasoning import JudgeItem, ReasoningConfig, TurnScore
 
-    from .models import SessionReply
+    from .models import ActionModel, SessionOptions, SessionReply
 
 T = TypeVar("T")
 
@@ -79,10 +80,12 @@ class ListEnv:
 
 @message
 class Create:
-    """Make a session: build the environment and reset it with `options["seed"]`."""
+    """Make a session: build the environment and reset it with `options.seed`. The options
+    and reasoning config arrive validated (defaults filled in): the worker reads them."""
 
     session_id: str
-    options: dict[str, Any]  # SessionOptions.model_dump(mode="json")
+    options: SessionOptions
+    reasoning: ReasoningConfig  # options.reasoning, validated once by the service
 
 
 @message
@@ -97,11 +100,11 @@ class Reset:
 @message
 class Step:
     """One turn: a model's `response` (parsed and graded), or `actions` (manual play:
-    no parsing, no reasoning reward) as action dicts {name, args, payload}."""
+    no parsing, no reasoning reward), the request's validated `ActionModel`s."""
 
     session_id: str
     response: str | None = None
-    actions: list[dict[str, Any]] | None = None
+    actions: list[ActionModel] | None = None
     encoding: str | None = None
 
 

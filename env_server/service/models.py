@@ -1,7 +1,11 @@
 """Request models (pydantic, validated at the boundary) and the server's error.
 
-Requests follow docs/wire.md; REST uses these models directly as bodies and gRPC
-builds them from its messages. Replies are the wire types of `visenv.wire` (made in the
+Requests follow docs/wire.md. Each is parsed once, at the adapter, into these models:
+REST uses them as bodies (a batch's items are validated one by one by the service, so
+that each answers its own error), gRPC builds them straight from its messages. The
+service works with them and hands them on to the worker: `messages.Create` carries the
+`SessionOptions`, `messages.Step` the `ActionModel`s, which the worker turns into the
+environment's `Action`s. Replies are the wire types of `visenv.wire` (made in the
 worker processes): a `SessionReply`, or a `ServiceError` (the error codes, their
 statuses and the JSON/proto forms are `visenv.wire`'s as well).
 """
@@ -99,13 +103,18 @@ class ResetBody(_Strict):
     seed: Seed | None = Field(None, description="Unset: the session's previous seed + 1.")
     image_encoding: ImageEncoding | None = Field(None, description="Override for this reply.")
 
+    def item(self, session_id: str) -> ResetItem:
+        """This body as the item of `session_id` (validated already: not again)."""
+        return ResetItem.model_construct(session_id=session_id, **dict(self))
+
 
 class ResetItem(ResetBody):
     session_id: str
 
 
 class ActionModel(_Strict):
-    """One explicit action of a step."""
+    """One explicit action of a step, as validated; the worker makes it the environment's
+    `Action` (`visenv.wire.Action`) with the action space's spelling of its name."""
 
     name: str = Field(description="An action name of the env's action space, e.g. 'Left'.")
     args: list[float] = Field(
@@ -133,6 +142,10 @@ class StepBody(_Strict):
         if (self.response is None) == (self.actions is None):
             raise ValueError("give exactly one of 'response' or 'actions'")
         return self
+
+    def item(self, session_id: str) -> StepItem:
+        """This body as the item of `session_id` (validated already: not again)."""
+        return StepItem.model_construct(session_id=session_id, **dict(self))
 
 
 class StepItem(StepBody):
@@ -174,6 +187,10 @@ class ForkBody(_Strict):
     """REST body of POST /v1/sessions/{id}/fork."""
 
     n: int = Field(1, ge=1, le=MAX_FORKS, description="How many forks of the session to make.")
+
+    def item(self, session_id: str) -> ForkItem:
+        """This body as the item of `session_id` (validated already: not again)."""
+        return ForkItem.model_construct(session_id=session_id, **dict(self))
 
 
 class ForkItem(ForkBody):

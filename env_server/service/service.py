@@ -16,10 +16,12 @@ API (all methods are coroutines; batch-first, answered per item, in order)::
     service.metrics.render()    -> Prometheus text
     await service.stop()
 
-Items may be pydantic models or plain dicts (validated here, one by one, so a bad item
-gets its own INVALID_ARGUMENT naming the field and the others go on). Single-session
-calls are batches of one. `ServiceError(code, message, field)` carries the wire error
-codes of docs/wire.md; `error.http_status` gives the HTTP status.
+Items are the models of `models.py` as an adapter parsed them, or plain dicts (validated
+here, one by one, so a bad item gets its own INVALID_ARGUMENT naming the field and the
+others go on), or the ServiceError of an item an adapter could not parse (answered as
+it is, in its place). Single-session calls are batches of one. `ServiceError(code,
+message, field)` carries the wire error codes of docs/wire.md; `error.http_status` gives
+the HTTP status.
 
 How it works: environments live in worker processes (`worker.py`), sessions are
 pinned to the least-loaded worker at creation, and this (API) process only routes:
@@ -438,8 +440,8 @@ def _step_key(item: StepItem) -> tuple:
     return item.response, actions, item.image_encoding
 
 
-def _validate(model: type[M], raw: M | Mapping[str, Any]) -> M | ServiceError:
-    if isinstance(raw, model):
+def _validate(model: type[M], raw: M | Mapping[str, Any] | ServiceError) -> M | ServiceError:
+    if isinstance(raw, model | ServiceError):  # parsed by the adapter (or refused there)
         return raw
     try:
         return model.model_validate(raw)
@@ -756,7 +758,7 @@ class EnvService:
             planned.setdefault(worker, []).append((pos, session))
 
         async def run(worker: WorkerHandle, group: list[tuple[int, Session]]) -> None:
-            batch = [Create(s.id, s.options.model_dump(mode="json")) for _, s in group]
+            batch = [Create(s.id, s.options, s.reasoning) for _, s in group]
             answers = await self._call(worker, batch, [s.env for _, s in group])
             for (pos, session), answer in zip(group, answers, strict=True):
                 results[pos] = answer
@@ -822,8 +824,7 @@ class EnvService:
             )
 
         def message(item: StepItem, session: Session) -> Step:
-            actions = None if item.actions is None else [a.model_dump() for a in item.actions]
-            return Step(session.id, item.response, actions, item.image_encoding)
+            return Step(session.id, item.response, item.actions, item.image_encoding)
 
         def applied(item: StepItem, session: Session, reply: SessionReply) -> None:
             session.step_index += 1

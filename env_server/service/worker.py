@@ -220,37 +220,35 @@ class Worker:
         )
 
     def _create(self, message: Create) -> SessionReply:
+        """The options arrive validated, defaults filled in (`SessionOptions`); only the
+        environment's config is validated here, by its class."""
         session_id, options = message.session_id, message.options
         started = time.perf_counter()
         try:
-            cls = self._env_class(options["env"])
-            config = cls.Config.model_validate(options.get("config") or {})
+            cls = self._env_class(options.env)
+            config = cls.Config.model_validate(options.config)
         except ValidationError as exc:
             raise ServiceError.from_validation(exc, "config") from None
-        try:
-            cfg = ReasoningConfig.model_validate(options.get("reasoning") or {})
-        except ValidationError as exc:
-            raise ServiceError.from_validation(exc, "reasoning") from None
         env = cls(config)
         try:
-            obs = env.reset(int(options.get("seed", 0)))
+            obs = env.reset(options.seed)
         except BaseException:
             env.close()
             raise
         session = WorkerSession(
             env=env,
-            env_name=options["env"],
-            format=ResponseFormat(options.get("format", ResponseFormat.GROUNDING_WORLDMODELING)),
-            representation=Representation(options.get("representation", Representation.NATURAL)),
-            reasoning=cfg,
-            encoding=options.get("image_encoding", "png"),
-            seed=int(options.get("seed", 0)),
+            env_name=options.env,
+            format=options.format,
+            representation=options.representation,
+            reasoning=message.reasoning,
+            encoding=options.image_encoding,
+            seed=options.seed,
             obs=obs,
         )
         self.sessions[session_id] = session  # registered first: a failing reply drops it
         reply = self._reply(session_id, session, None, start=True)
-        if options["env"] not in self.warm:  # this create paid the env's warm-up here
-            self.warm.add(options["env"])
+        if options.env not in self.warm:  # this create paid the env's warm-up here
+            self.warm.add(options.env)
             reply.info["warm_up_s"] = round(time.perf_counter() - started, 3)
         return reply
 
@@ -271,14 +269,9 @@ class Worker:
         score = judge_item = None
         info: dict[str, Any] = {}
         if actions is not None:  # manual play: no parsing, no format or world-model reward
-            space = env.action_space
+            space = env.action_space  # the request's ActionModels, with the space's spelling
             parsed_actions = [
-                Action(
-                    space.lookup(a["name"]) or a["name"],
-                    tuple(a.get("args") or ()),
-                    a.get("payload"),
-                )
-                for a in actions
+                Action(space.lookup(a.name) or a.name, tuple(a.args), a.payload) for a in actions
             ]
             transition = env.step(parsed_actions)
             parse_error = None

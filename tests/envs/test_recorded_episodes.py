@@ -29,6 +29,7 @@ import pytest
 from env_server.core.types import Representation
 from env_server.reasoning import ReasoningConfig
 from env_server.service.messages import Create, Reset, Step
+from env_server.service.models import SessionOptions
 from env_server.service.service import assemble_reward
 from env_server.service.worker import Worker
 
@@ -154,9 +155,9 @@ def play() -> dict[str, list[dict[str, Any]]]:
         records: list[dict[str, Any]] = []
         for seed in seeds:
             sid = f"{name}-{seed}"
-            options = {"env": env, "config": config, "format": fmt, "representation": rep,
-                       "image_encoding": encoding, "seed": seed}  # fmt: skip
-            (reply,) = worker.handle([Create(sid, options)])
+            options = SessionOptions(env=env, config=config, format=fmt, representation=rep,
+                                     image_encoding=encoding, seed=seed)  # fmt: skip
+            (reply,) = worker.handle([Create(sid, options, cfg)])
             records.append(_record(reply))
             for turn in range(TURNS):
                 (stepped,) = worker.handle([Step(sid, _response(rng, worker, sid, fmt))])

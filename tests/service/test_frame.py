@@ -9,8 +9,10 @@ from PIL import Image
 
 from clients import SessionOptions
 from env_server.core import registry
+from env_server.reasoning import ReasoningConfig
 from env_server.service.messages import Create, Frame, Step
 from env_server.service.models import ServiceError
+from env_server.service.models import SessionOptions as Options
 from env_server.service.worker import Worker
 
 
@@ -20,8 +22,8 @@ def _png(data: bytes) -> np.ndarray:
 
 def test_frame_keeps_the_image_after_a_text_only_feedback_turn():
     worker = Worker()
-    options = {"env": "vicrit", "seed": 3, "config": {"feedback": "unary", "max_attempts": 3}}
-    [made] = worker.handle([Create("s-1", options)])
+    options = Options(env="vicrit", seed=3, config={"feedback": "unary", "max_attempts": 3})
+    [made] = worker.handle([Create("s-1", options, ReasoningConfig())])
     assert made.observation.images  # the scene to caption
     [stepped] = worker.handle([Step("s-1", "<answer>no error</answer>")])
     reply = stepped.reply
@@ -34,7 +36,8 @@ def test_frame_keeps_the_image_after_a_text_only_feedback_turn():
 
 def test_frame_of_a_text_only_session_names_why():
     worker = Worker()
-    worker.handle([Create("s-2", {"env": "frozenlake", "config": {"render_mode": "text"}})])
+    options = Options(env="frozenlake", config={"render_mode": "text"})
+    worker.handle([Create("s-2", options, ReasoningConfig())])
     [error] = worker.handle([Frame("s-2")])
     assert isinstance(error, ServiceError) and error.code == "NOT_FOUND"
     assert "shown no image" in error.message

@@ -22,7 +22,7 @@ from env_server.service.messages import (
     Stepped,
     Stop,
 )
-from env_server.service.models import ServiceError
+from env_server.service.models import ActionModel, ServiceError, SessionOptions
 from env_server.service.service import assemble_reward
 from env_server.service.worker import Worker
 
@@ -31,10 +31,10 @@ from env_server.service.worker import Worker
     "message",
     [
         ListEnv("sokoban"),
-        Create("s-1", {"env": "sokoban", "seed": 3}),
+        Create("s-1", SessionOptions(env="sokoban", seed=3), ReasoningConfig()),
         Reset("s-1", 4, "raw"),
         Step("s-1", "<answer>Up</answer>"),
-        Step("s-1", actions=[{"name": "Up", "args": [], "payload": None}]),
+        Step("s-1", actions=[ActionModel(name="Up", args=[1.5], payload="p")]),
         Close("s-1"),
         Fork("s-1", ("s-2", "s-3")),
         Frame("s-1"),
@@ -56,10 +56,10 @@ def test_a_batch_is_answered_in_order_and_a_bad_item_fails_alone():
     worker = Worker()
     answers = worker.handle(
         [
-            Create("s-1", {"env": "frozenlake", "seed": 1}),
+            Create("s-1", SessionOptions(env="frozenlake", seed=1), ReasoningConfig()),
             ("create", "not a message"),
             Step("s-9", "<answer>Left</answer>"),  # no such session
-            Step("s-1", actions=[{"name": "Left"}]),
+            Step("s-1", actions=[ActionModel(name="left")]),  # the space spells it "Left"
             Close("s-1"),
         ]
     )
@@ -68,12 +68,13 @@ def test_a_batch_is_answered_in_order_and_a_bad_item_fails_alone():
     assert isinstance(bad, ServiceError) and bad.code == "INTERNAL"
     assert isinstance(missing, ServiceError) and missing.code == "NOT_FOUND"
     assert isinstance(stepped, Stepped) and stepped.score is None  # manual play
+    assert stepped.reply.info["actions"][0]["name"] == "Left"
     assert closed is None and not worker.sessions
 
 
 def test_the_reward_is_assembled_from_the_env_reward_the_score_and_the_penalty():
     worker = Worker()
-    worker.handle([Create("s-1", {"env": "frozenlake", "seed": 1})])
+    worker.handle([Create("s-1", SessionOptions(env="frozenlake", seed=1), ReasoningConfig())])
     [stepped] = worker.handle([Step("s-1", "<answer>Left</answer>")])
     cfg = ReasoningConfig(beta_s=0.5, beta_w=0.25)
     score = TurnScore(format=0.5, observation_score=1.0, prediction_score=0.4, world_model=0.6)

@@ -159,8 +159,8 @@ class Connection:
         if action.response is not None:
             item["response"] = action.response
         else:
-            item["actions"] = [
-                {"name": a} if isinstance(a, str) else a.model_dump() for a in action.actions or []
+            item["actions"] = [  # validated already: the service takes them as they are
+                ActionModel(name=a) if isinstance(a, str) else a for a in action.actions or []
             ]
         return self._remember((await self.service.step([item]))[0])
 
