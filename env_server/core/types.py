@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -183,6 +184,7 @@ def plain(value: Any, where: str = "value") -> Any:
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+_LIST = {list}
 
 
 def _plain(value: Any) -> Any:
@@ -210,8 +212,11 @@ def _plain(value: Any) -> Any:
                 out[_key(key)] = _plain(item)
         return out
     if kind is list:
-        if _SCALARS.issuperset(map(type, value)):  # a position, a list of names: in C
+        kinds = set(map(type, value))  # the checks of plain lists run in C:
+        if kinds <= _SCALARS:  # a position, a list of names
             return value
+        if kinds == _LIST and _SCALARS.issuperset(map(type, chain.from_iterable(value))):
+            return value  # a list of positions (a room's walls)
         for n, item in enumerate(value):
             if type(item) not in _SCALARS:
                 done = _plain(item)
