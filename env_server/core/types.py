@@ -7,8 +7,10 @@ from the agent's response, and answers with an `Observation` (on reset) or a
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 from itertools import chain
 from typing import Any
 
@@ -100,13 +102,22 @@ class ActionSpace:
     def lookup(self, name: str, vagen: bool = False) -> str | None:
         """The canonical spelling of `name` (case-insensitive), or None if unknown.
         `vagen`: `name` as VAGEN main's formats write it (see `vagen_names`)."""
-        wanted = name.strip().lower()
-        spellings = [(n, n) for n in self.names] if not (vagen and self.vagen_names) else []
-        spellings += list(self.vagen_names.items())
-        for spelling, canonical in spellings:
-            if spelling.lower() == wanted:
-                return canonical
-        return None
+        return self._spellings[1 if vagen else 0].get(name.strip().lower())
+
+    @cached_property
+    def _spellings(self) -> tuple[dict[str, str], dict[str, str]]:
+        """Lower-cased spelling -> canonical name, made once: for our formats (the names,
+        then VAGEN main's spellings) and for VAGEN main's (its spellings only, where it has
+        any). The first of two equal spellings wins."""
+
+        def table(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+            out: dict[str, str] = {}
+            for spelling, canonical in pairs:
+                out.setdefault(spelling.lower(), canonical)
+            return out
+
+        ours = table([*((n, n) for n in self.names), *self.vagen_names.items()])
+        return ours, table(self.vagen_names.items()) if self.vagen_names else ours
 
     def vagen_name(self, canonical: str) -> str:
         """How VAGEN main's formats write the action `canonical`."""
