@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from env_server.core import Action, EnvError, Representation, ResponseFormat, registry
-from env_server.envs.sokoban import SokobanEnv
+from env_server.envs.sokoban import SokobanConfig, SokobanEnv
 from env_server.envs.sokoban import render as sokoban_render
 
 
@@ -130,6 +130,16 @@ def test_describe_three_representations_for_a_known_seed():
         "box": [[3, 3]],
         "target": [[4, 2]],
     }
+    # the very text json.dumps writes (the structured text is a cache key of grading)
+    assert env.describe(gt, Representation.STRUCTURED) == json.dumps(
+        {"player": [2, 1], "box": [[3, 3]], "target": [[4, 2]]}
+    )
+    many = SokobanEnv(SokobanConfig(dim_room=[9, 9], num_boxes=3, max_solution_length=60))
+    state = many.reset(5).ground_truth
+    state = {**state, "player": [np.int64(7), True]}  # numpy and bool values, read as ints
+    assert many.describe(state, Representation.STRUCTURED) == json.dumps(
+        {"player": [7, 1], "box": state["boxes"], "target": state["targets"]}
+    )
     assert env.describe(gt, Representation.SYMBOLIC) == (
         "######\n####_#\n#P___#\n##_X_#\n##O__#\n######"
     )
