@@ -47,3 +47,17 @@ def test_what_is_plain_already_is_returned_as_it_is() -> None:
 def test_a_bad_value_is_named_where_it_sits(value, where) -> None:
     with pytest.raises(TypeError, match="^" + re.escape(where)):
         plain(value, "ground_truth")
+
+
+def test_lists_of_positions_are_checked_to_the_last_value() -> None:
+    """A list of lists of scalars (a room's walls) is checked in one pass; a value inside
+    one that is not plain still gets converted, or named."""
+    walls = [[0, 0], [0, 1], [1, 0]]
+    assert plain(walls) is walls
+    nested = [[0], [[1, 2]], []]
+    assert plain(nested) is nested
+    out = plain([[0, 0], [np.int64(1), 2]])
+    assert out == [[0, 0], [1, 2]] and type(out[1][0]) is int
+    assert plain([[0], (1, 2)]) == [[0], [1, 2]]
+    with pytest.raises(TypeError, match=re.escape("walls[1][0]: object")):
+        plain([[0, 0], [object(), 1]], "walls")

@@ -94,26 +94,28 @@ def _is_position(x: Any) -> bool:
 def state_items(state: dict[str, Any], spec: GradingSpec) -> list[Item]:
     """The gradable items of a state dict (truth or claim), walls and other ignored types left out."""
     items: list[Item] = []
-
-    def add(key: str, value: Any) -> None:
-        if key in spec.ignore or value is None:
-            return
-        if isinstance(value, dict):
-            for sub, v in value.items():
-                add(f"{key}.{normalize_key(str(sub))}", v)
-        elif _is_position(value):
-            items.append(Item(key, tuple(float(v) for v in value)))
-        elif isinstance(value, list | tuple):
-            for v in value:
-                add(key, v)
-        elif isinstance(value, str):
-            items.append(Item(key, value.strip().lower()))
-        elif isinstance(value, bool) or _is_number(value):
-            items.append(Item(key, value))
-
     for key, value in state.items():
-        add(normalize_key(str(key)), value)
+        _add_items(items, spec, normalize_key(str(key)), value)
     return items
+
+
+def _add_items(items: list[Item], spec: GradingSpec, key: str, value: Any) -> None:
+    """The items of `value` under `key`, appended to `items`. (A module function: a nested
+    one that calls itself is a reference cycle per call, left to the garbage collector.)"""
+    if key in spec.ignore or value is None:
+        return
+    if isinstance(value, dict):
+        for sub, v in value.items():
+            _add_items(items, spec, f"{key}.{normalize_key(str(sub))}", v)
+    elif _is_position(value):
+        items.append(Item(key, tuple(float(v) for v in value)))
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _add_items(items, spec, key, v)
+    elif isinstance(value, str):
+        items.append(Item(key, value.strip().lower()))
+    elif isinstance(value, bool) or _is_number(value):
+        items.append(Item(key, value))
 
 
 _KEY_SEPARATORS = re.compile(r"[\s-]+")

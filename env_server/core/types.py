@@ -8,8 +8,11 @@ response or that a client sent as explicit actions, and answers with an `Observa
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -73,13 +76,22 @@ class ActionSpace:
     def lookup(self, name: str, vagen: bool = False) -> str | None:
         """The canonical spelling of `name` (case-insensitive), or None if unknown.
         `vagen`: `name` as VAGEN main's formats write it (see `vagen_names`)."""
-        wanted = name.strip().lower()
-        spellings = [(n, n) for n in self.names] if not (vagen and self.vagen_names) else []
-        spellings += list(self.vagen_names.items())
-        for spelling, canonical in spellings:
-            if spelling.lower() == wanted:
-                return canonical
-        return None
+        return self._spellings[1 if vagen else 0].get(name.strip().lower())
+
+    @cached_property
+    def _spellings(self) -> tuple[dict[str, str], dict[str, str]]:
+        """Lower-cased spelling -> canonical name, made once: for our formats (the names,
+        then VAGEN main's spellings) and for VAGEN main's (its spellings only, where it has
+        any). The first of two equal spellings wins."""
+
+        def table(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+            out: dict[str, str] = {}
+            for spelling, canonical in pairs:
+                out.setdefault(spelling.lower(), canonical)
+            return out
+
+        ours = table([*((n, n) for n in self.names), *self.vagen_names.items()])
+        return ours, table(self.vagen_names.items()) if self.vagen_names else ours
 
     def vagen_name(self, canonical: str) -> str:
         """How VAGEN main's formats write the action `canonical`."""
@@ -157,6 +169,7 @@ def plain(value: Any, where: str = "value") -> Any:
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
+_LIST = {list}
 
 
 def _plain(value: Any) -> Any:
@@ -184,8 +197,11 @@ def _plain(value: Any) -> Any:
                 out[_key(key)] = _plain(item)
         return out
     if kind is list:
-        if _SCALARS.issuperset(map(type, value)):  # a position, a list of names: in C
+        kinds = set(map(type, value))  # the checks of plain lists run in C:
+        if kinds <= _SCALARS:  # a position, a list of names
             return value
+        if kinds == _LIST and _SCALARS.issuperset(map(type, chain.from_iterable(value))):
+            return value  # a list of positions (a room's walls)
         for n, item in enumerate(value):
             if type(item) not in _SCALARS:
                 done = _plain(item)

@@ -44,3 +44,21 @@ def test_cache_reuses_unchanged_frames_and_sees_in_place_changes(image):
     assert second is not first
     np.testing.assert_array_equal(decode_image(second), image)
     assert cache.encode([image], "raw")[0].encoding == "raw"  # another encoding: not reused
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 3), (96, 96, 3), (7, 300, 3), (513, 5, 3)])
+def test_png_decodes_to_the_same_pixels_in_pillow_and_opencv(shape):
+    """The PNG is written by this module (zlib, no row filter): every decoder reads the array."""
+    import io
+
+    import cv2
+    from PIL import Image
+
+    array = np.random.default_rng(1).integers(0, 256, shape, dtype=np.uint8)
+    array[: shape[0] // 2] = 7  # a flat half, as rendered tiles are, besides the noise
+    data = encode_image(array, "png").data
+    with Image.open(io.BytesIO(data)) as im:
+        assert im.mode == "RGB"
+        np.testing.assert_array_equal(np.asarray(im), array)
+    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    np.testing.assert_array_equal(bgr[:, :, ::-1], array)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -270,13 +270,13 @@ def _reverse_play(rng: np.random.Generator, level: Level, steps: int) -> Level:
         if pulled:
             score = _spread(level, boxes)
             if score > best_score:
-                best = replace(level, boxes=frozenset(boxes), player=player)
+                best = level.moved(player, frozenset(boxes))
                 best_score = score
     walk.close()
     # walking (without pulling) is reversible, so any cell the player can reach from there
     # keeps the level solvable
     reachable = sorted(_reachable(best))
-    return replace(best, player=reachable[int(rng.integers(len(reachable)))])
+    return best.moved(reachable[int(rng.integers(len(reachable)))])
 
 
 def _reachable(level: Level) -> set[int]:
@@ -305,8 +305,8 @@ def candidate(rng: np.random.Generator, height: int, width: int, num_boxes: int)
     if len(cells) < num_boxes + 2:
         return None
     chosen = rng.choice(cells, size=num_boxes + 1, replace=False)
-    targets = frozenset(int(c) for c in chosen[:num_boxes])
-    walls = frozenset(int(c) for c in np.flatnonzero(~floor.ravel()))
+    targets = frozenset(chosen[:num_boxes].tolist())
+    walls = frozenset(np.flatnonzero(~floor.ravel()).tolist())
     start = Level(height, width, walls, targets, boxes=targets, player=int(chosen[-1]))
     steps = int(rng.integers(3 * (height + width), 8 * (height + width)))
     level = _reverse_play(rng, start, steps)
