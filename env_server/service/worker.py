@@ -437,12 +437,17 @@ class Worker:
         return SessionReply.with_json(texts, **fields)
 
 
+# json.dumps's text (its defaults, as the gRPC reply writes it), refusing NaN and
+# infinities; one encoder for every call (json.dumps builds one per call given an option)
+_to_json = json.JSONEncoder(allow_nan=False).encode
+
+
 def _json_texts(**objects: Any) -> dict[str, str] | None:
     """Each object's JSON text, as the gRPC reply writes it (`wire.JSONText`): the API
     process passes it on unread. None when one holds a non-finite number: sent as
     values then, for the service's `writable` to find."""
     try:
-        return {name: json.dumps(value, allow_nan=False) for name, value in objects.items()}
+        return {name: _to_json(value) for name, value in objects.items()}
     except ValueError:
         return None
 
