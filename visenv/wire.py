@@ -258,6 +258,89 @@ def _reduce_to_fields(self: Any) -> tuple[type, tuple]:
     return cls, get(self)
 
 
+class JSONText:
+    """Lets the JSON-object fields of a reply type be held as their JSON text, decoded only
+    when read.
+
+    A worker process writes a reply's ground truth and infos as JSON itself (in parallel
+    with the other workers), and the server's API process hands that text to the gRPC
+    reply unread instead of loading, checking and writing the objects again (`with_json`;
+    the text is `json.dumps`'s with its defaults, what `fill_proto` writes, so the bytes
+    on the wire are the same). Reading such a field decodes it once; a field that was read
+    or set is written from its value again (`json_text` is None then), so a reader that
+    changes the object it got never sends a stale text. Pickled with the text.
+    """
+
+    def __getattr__(self, name: str) -> Any:  # only for a field not set yet
+        texts = self.__dict__.get("_json")
+        if texts is None or name not in texts:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        value = json.loads(texts[name])
+        self.__dict__[name] = value
+        return value
+
+    @classmethod
+    def with_json(cls, texts: dict[str, str], **values: Any):
+        """An instance whose fields `texts` are given as JSON text, the rest as `values`."""
+        self = object.__new__(cls)
+        self.__dict__.update(values)
+        self.__dict__["_json"] = texts
+        post_init = getattr(cls, "__post_init__", None)
+        if post_init is not None:
+            post_init(self)
+        return self
+
+    def json_text(self, name: str) -> str | None:
+        """Field `name`'s JSON text while it was neither read nor set; else None."""
+        d = self.__dict__
+        if name in d:
+            return None
+        texts = d.get("_json")
+        return None if texts is None else texts.get(name)
+
+    def set_json_text(self, name: str, text: str) -> None:
+        """Hold field `name` as this JSON text (`json.dumps`'s form) from now on."""
+        d = self.__dict__
+        d.pop(name, None)
+        d["_json"] = {**(d.get("_json") or {}), name: text}
+
+    def _dumps(self, name: str) -> str:
+        """Field `name` as JSON text: the text it came as, or its value written now."""
+        text = self.json_text(name)
+        return json.dumps(getattr(self, name)) if text is None else text
+
+    def __reduce__(self) -> tuple:
+        d = self.__dict__
+        texts = d.get("_json")
+        if texts is not None:
+            texts = {k: v for k, v in texts.items() if k not in d}
+        if not texts:
+            return _reduce_to_fields(self)
+        names = _field_names(type(self))
+        return _with_json, (type(self), tuple(d.get(n) for n in names), texts)
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+def _with_json(cls: type, values: tuple, texts: dict[str, str]) -> Any:
+    """Unpickle a `JSONText` instance (its fields held as text are None in `values`)."""
+    self = object.__new__(cls)
+    d = self.__dict__
+    for name, value in zip(_field_names(cls), values, strict=True):
+        if name not in texts:
+            d[name] = value
+    d["_json"] = texts
+    return self
+
+
 @dataclass(frozen=True)
 class Image:
     """One image as it travels: the encoded bytes, their encoding, and the image's shape.
@@ -308,12 +391,12 @@ class Image:
 
 
 @dataclass(frozen=True)
-class Observation:
+class Observation(JSONText):
     """What the agent sees: text with one "<image>" placeholder per image, the images,
-    the ground truth (the true state as JSON) and info."""
+    the ground truth (the true state as JSON) and info (either may be held as JSON text:
+    `JSONText`)."""
 
     __pydantic_config__ = _SCHEMA
-    __reduce__ = _reduce_to_fields
 
     text: str
     """One '<image>' placeholder per image, in order."""
@@ -351,8 +434,8 @@ class Observation:
         out.text = self.text
         for im in self.images:
             out.images.add(encoding=im.encoding, data=im.data, shape=im.shape)
-        out.ground_truth_json = json.dumps(self.ground_truth)
-        out.info_json = json.dumps(self.info)
+        out.ground_truth_json = self._dumps("ground_truth")
+        out.info_json = self._dumps("info")
 
     @classmethod
     def from_proto(cls, msg: pb.Observation) -> Observation:
@@ -420,11 +503,11 @@ R = TypeVar("R", bound="SessionReply")
 
 
 @dataclass
-class SessionReply:
-    """A server's answer for one session: its observation and, after a step, the reward."""
+class SessionReply(JSONText):
+    """A server's answer for one session: its observation and, after a step, the reward
+    (`info` may be held as JSON text: `JSONText`)."""
 
     __pydantic_config__ = _SCHEMA
-    __reduce__ = _reduce_to_fields
 
     session_id: str
     """The server-made id of the session (the path's {session_id})."""
@@ -520,7 +603,7 @@ class SessionReply:
         out.terminated = self.terminated
         out.truncated = self.truncated
         out.success = self.success
-        out.info_json = json.dumps(self.info)
+        out.info_json = self._dumps("info")
         out.system_prompt = self.system_prompt or ""
 
     @classmethod

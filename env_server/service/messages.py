@@ -152,12 +152,19 @@ class Warmed:
     took: float | str
 
 
+# the keys of a step's info that the service puts first, from the turn's score (its values
+# may be the LLM judge's): the worker's info holds none of them
+SCORE_KEYS = frozenset({"observation_score", "prediction_score", "judge_error"})
+
+
 @message
 class Stepped:
     """A step the worker applied; its reward is not assembled yet.
 
-    `reply` is the step's reply with a zero reward; the API process fills in `reward`,
-    `reward_parts` and the score keys of `info` in one place
+    `reply` is the step's reply with a zero reward (its ground truth and infos written as
+    JSON text by the worker, `wire.JSONText`, unless they hold a non-finite number or
+    `info` a score key); the API process fills in `reward`, `reward_parts` and the score
+    keys of `info` (`SCORE_KEYS`) in one place
     (`service.assemble_reward`), from `env_reward`, the turn's reasoning score (`score`,
     rule-based; None for manual play, or replaced by the LLM judge's when `judge` is set)
     and the reward-hacking guard's penalty, which only the API process knows.

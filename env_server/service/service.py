@@ -462,6 +462,11 @@ def _nonfinite(value: Any, where: str) -> Iterator[str]:
             yield from _nonfinite(item, f"{where}.{n}")
 
 
+def _unless_text(holder: Any, name: str, where: str) -> Iterator[str]:
+    if holder.json_text(name) is None:
+        yield from _nonfinite(getattr(holder, name), where)
+
+
 def writable(reply: SessionReply) -> tuple[SessionReply, SessionReply | ServiceError]:
     """(what the session keeps, what the caller gets) for a reply from a worker.
 
@@ -470,12 +475,14 @@ def writable(reply: SessionReply) -> tuple[SessionReply, SessionReply | ServiceE
     INTERNAL with an error id (the log has the places), and the session keeps a copy with
     those numbers as null (a reward part: 0, the places listed in info.unwritable), so
     that it stays readable (GET, a retry, a fork) and can go on."""
+    # (a part that came as JSON text, `wire.JSONText`, has none: the worker wrote it so)
+    obs = reply.observation
     bad = [
         *_nonfinite(reply.reward, "reward"),
         *_nonfinite(reply.reward_parts.to_json(), "reward_parts"),
-        *_nonfinite(reply.observation.ground_truth, "observation.ground_truth"),
-        *_nonfinite(reply.observation.info, "observation.info"),
-        *_nonfinite(reply.info, "info"),
+        *_unless_text(obs, "ground_truth", "observation.ground_truth"),
+        *_unless_text(obs, "info", "observation.info"),
+        *_unless_text(reply, "info", "info"),
     ]
     if not bad:
         return reply, reply
@@ -529,13 +536,22 @@ def assemble_reward(
         parts.penalty = -penalty
     reply.reward_parts = parts
     reply.reward = parts.total
-    reply.info = {
+    scores = {
         "observation_score": None if score is None else score.observation_score,
         "prediction_score": None if score is None else score.prediction_score,
         "judge_error": None if score is None else score.judge_error,
-        **reply.info,
     }
+    text = reply.json_text("info")  # the worker's info as JSON text, without SCORE_KEYS
+    if text is not None and _finite(scores):  # the scores put in front of it as text
+        first = json.dumps(scores)
+        reply.set_json_text("info", first if text == "{}" else f"{first[:-1]}, {text[1:]}")
+    else:
+        reply.info = {**scores, **reply.info}
     return reply
+
+
+def _finite(scores: dict[str, Any]) -> bool:
+    return not any(isinstance(v, float) and not math.isfinite(v) for v in scores.values())
 
 
 class EnvService:

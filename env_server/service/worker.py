@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import gc
+import json
 import logging
 import os
 import pickle
@@ -49,6 +50,7 @@ from visenv import wire
 
 from .images import ImageCache, encode_image
 from .messages import (
+    SCORE_KEYS,
     Close,
     Create,
     Fork,
@@ -398,26 +400,49 @@ class Worker:
         text = turn_prompt(env, obs, fmt, rep, cfg)
         prompt = system_prompt(env, fmt, rep, cfg) if start else None
         enc = encoding or session.encoding
-        return SessionReply(
-            session_id=session_id,
-            env=session.env_name,
-            step_index=session.env.turn,
-            episode=session.episode,
-            turn=session.env.turn,
-            observation=wire.Observation(
-                text=text,
-                images=session.images.encode(obs.images, enc),
-                ground_truth=plain(obs.ground_truth, "ground_truth"),
-                info=plain(obs.info, "observation.info"),
-            ),
-            reward=0.0,
-            reward_parts=RewardParts(),
-            terminated=bool(terminated),
-            truncated=bool(truncated),
-            success=bool(success),
-            info=plain(info or {}, "info"),
-            system_prompt=prompt,
-        )
+        images = session.images.encode(obs.images, enc)
+        ground_truth = plain(obs.ground_truth, "ground_truth")
+        obs_info = plain(obs.info, "observation.info")
+        texts = _json_texts(ground_truth=ground_truth, info=obs_info)
+        if texts is None:
+            observation = wire.Observation(text, images, ground_truth, obs_info)
+        else:
+            observation = wire.Observation.with_json(texts, text=text, images=images)
+        info = plain(info or {}, "info")
+        fields = {
+            "session_id": session_id,
+            "env": session.env_name,
+            "step_index": session.env.turn,
+            "episode": session.episode,
+            "turn": session.env.turn,
+            "observation": observation,
+            "reward": 0.0,
+            "reward_parts": RewardParts(),
+            "terminated": bool(terminated),
+            "truncated": bool(truncated),
+            "success": bool(success),
+            "system_prompt": prompt,
+        }
+        # (the service puts the score keys first: see assemble_reward)
+        texts = None if not SCORE_KEYS.isdisjoint(info) else _json_texts(info=info)
+        if texts is None:
+            return SessionReply(**fields, info=info)
+        return SessionReply.with_json(texts, **fields)
+
+
+# json.dumps's text (its defaults, as the gRPC reply writes it), refusing NaN and
+# infinities; one encoder for every call (json.dumps builds one per call given an option)
+_to_json = json.JSONEncoder(allow_nan=False).encode
+
+
+def _json_texts(**objects: Any) -> dict[str, str] | None:
+    """Each object's JSON text, as the gRPC reply writes it (`wire.JSONText`): the API
+    process passes it on unread. None when one holds a non-finite number: sent as
+    values then, for the service's `writable` to find."""
+    try:
+        return {name: _to_json(value) for name, value in objects.items()}
+    except ValueError:
+        return None
 
 
 def worker_main(

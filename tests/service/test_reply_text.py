@@ -1,0 +1,151 @@
+"""Replies whose ground truth and infos travel as JSON text (`wire.JSONText`): the worker
+writes them, the API process passes the text to gRPC unread. The proof that this changes
+no byte on either wire: every reply, built from the text, gives the same protobuf bytes
+and the same REST JSON as the same reply built from values; and the cases that must go as
+values (a non-finite number, a score key in the worker's info) still do."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import pickle
+import random
+
+import pytest
+
+from env_server.reasoning import ReasoningConfig, TurnScore
+from env_server.service.messages import Create, Reset, Step
+from env_server.service.service import assemble_reward, writable
+from env_server.service.worker import Worker
+from visenv import wire
+
+GRID = "######\n#_P__#\n#_X__#\n#__O_#\n#____#\n######"
+
+
+def _rest(reply: wire.SessionReply) -> bytes:
+    """The REST body of a one-item batch, as Starlette's JSONResponse writes it."""
+    body = {"results": [wire.batch_item_json(reply)]}
+    return json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _from_values(reply: wire.SessionReply) -> wire.SessionReply:
+    """The same reply with every field held as its value."""
+    return wire.SessionReply.from_json(json.loads(json.dumps(reply.to_json())))
+
+
+def _over_the_pipe(answers: list) -> list:
+    data = pickle.dumps((1, answers), protocol=pickle.HIGHEST_PROTOCOL)
+    return pickle.loads(data)[1]
+
+
+def _responses(rng: random.Random) -> list[str]:
+    moves = ", ".join(rng.choice(["Up", "Down", "Left", "Right"]) for _ in range(2))
+    return [
+        f"<think><observation>{GRID}</observation><reasoning>r</reasoning>"
+        f"<prediction>{GRID}</prediction></think><answer>{moves}</answer>",
+        "<think>no tags closed <answer>Up",  # a format error
+        "<think><observation>the box is left of me</observation><reasoning>é ünïcode ✓"
+        "</reasoning><prediction>the box is on the target</prediction></think>"
+        "<answer>Jump</answer>",  # an unknown action, non-ASCII text
+    ]
+
+
+@pytest.mark.parametrize("env", ["sokoban", "frozenlake"])
+def test_replies_from_text_are_the_same_on_both_wires(env):
+    worker, rng, cfg = Worker(), random.Random(3), ReasoningConfig()
+    options = {"env": env, "format": "grounding_worldmodeling", "image_encoding": "png"}
+    ids = [f"s-{n}" for n in range(3)]
+    created = _over_the_pipe(worker.handle([Create(s, {**options, "seed": n})
+                                            for n, s in enumerate(ids)]))  # fmt: skip
+    checked = 0
+    for round_ in range(8):
+        messages = [Step(s, t) for s, t in zip(ids, _responses(rng), strict=True)]
+        if round_ % 2:
+            messages[0] = Step(ids[0], actions=[{"name": "Left"}])  # manual play
+        answers = _over_the_pipe(worker.handle(messages))
+        done = [s for s, a in zip(ids, answers, strict=True) if a.reply.done]
+        replies = [assemble_reward(a, a.score, cfg) for a in answers]
+        replies += _over_the_pipe(worker.handle([Reset(s) for s in done]))
+        for reply in [*created, *replies]:
+            obs = reply.observation
+            assert obs.json_text("ground_truth") is not None and obs.json_text("info") is not None
+            # (a worker's first create adds its warm-up time to the info it wrote)
+            assert reply.json_text("info") is not None or "warm_up_s" in reply.info
+            assert writable(reply) == (reply, reply)
+            proto = wire.batch_to_proto([reply]).SerializeToString()
+            twin = _from_values(reply)  # (reading `reply` decodes its text)
+            assert twin.json_text("info") is None
+            assert proto == wire.batch_to_proto([twin]).SerializeToString()
+            assert _rest(reply) == _rest(twin)
+            assert reply == twin
+            checked += 1
+        created = []
+    assert checked > 20
+
+
+def test_the_score_keys_come_first_in_the_text_as_in_the_values():
+    worker = Worker()
+    worker.handle([Create("s-1", {"env": "frozenlake", "seed": 1})])
+    score = TurnScore(format=0.5, observation_score=0.25, prediction_score=None,
+                      world_model=0.1, judge_error="timed out")  # fmt: skip
+    [stepped] = _over_the_pipe(worker.handle([Step("s-1", "<answer>Left</answer>")]))
+    values = copy.deepcopy(stepped)
+    values.reply.info = dict(values.reply.info)  # held as its value from here on
+    assert values.reply.json_text("info") is None
+    text = assemble_reward(stepped, score, ReasoningConfig())
+    value = assemble_reward(values, score, ReasoningConfig())
+    assert text.json_text("info") is not None and value.json_text("info") is None
+    assert text.observation.json_text("info") is not None
+    assert wire.batch_to_proto([text]) == wire.batch_to_proto([value])
+    assert list(text.info) == list(value.info) and text.info == value.info
+    assert list(text.info)[:3] == ["observation_score", "prediction_score", "judge_error"]
+
+
+def test_a_field_read_and_changed_is_written_from_its_value():
+    worker = Worker()
+    [made] = _over_the_pipe(worker.handle([Create("s-1", {"env": "frozenlake", "seed": 1})]))
+    made.observation.ground_truth["changed"] = True  # reading it decodes the text
+    made.info["changed"] = 1
+    msg = wire.SessionReply.from_proto(made.to_proto())
+    assert msg.observation.ground_truth["changed"] is True and msg.info["changed"] == 1
+    again = pickle.loads(pickle.dumps(made))  # pickled as the values, not the old text
+    assert again.observation.ground_truth["changed"] is True and again.info["changed"] == 1
+    assert again == made and again.observation.json_text("ground_truth") is None
+
+
+def test_a_non_finite_number_goes_as_values_and_is_found():
+    worker = Worker()
+    worker.handle([Create("s-1", {"env": "frozenlake", "seed": 1})])
+    session = worker.sessions["s-1"]
+    truth = {**session.obs.ground_truth, "distance": math.inf}
+    session.obs = dataclasses.replace(session.obs, ground_truth=truth)  # an env's bug
+    [reply] = _over_the_pipe([worker._reply("s-1", session, None)])
+    assert reply.observation.json_text("ground_truth") is None
+    assert reply.json_text("info") is not None  # the other parts still go as text
+    stored, error = writable(reply)
+    assert error.code == "INTERNAL"
+    assert stored.info["unwritable"]["fields"] == ["observation.ground_truth.distance"]
+    assert stored.observation.ground_truth["distance"] is None
+
+
+def test_a_non_finite_judge_score_is_found_in_the_info():
+    worker = Worker()
+    worker.handle([Create("s-1", {"env": "frozenlake", "seed": 1})])
+    [stepped] = worker.handle([Step("s-1", "<answer>Left</answer>")])
+    score = TurnScore(format=1.0, observation_score=math.nan, prediction_score=None,
+                      world_model=0.0)  # fmt: skip
+    reply = assemble_reward(stepped, score, ReasoningConfig())
+    assert reply.json_text("info") is None
+    stored, error = writable(reply)
+    assert error.code == "INTERNAL"
+    assert stored.info["unwritable"]["fields"] == ["info.observation_score"]
+
+
+def test_a_score_key_in_the_workers_info_goes_as_values():
+    worker = Worker()
+    worker.handle([Create("s-1", {"env": "frozenlake", "seed": 1})])
+    session = worker.sessions["s-1"]
+    reply = worker._reply("s-1", session, None, info={"judge_error": "the env's own"})
+    assert reply.json_text("info") is None
