@@ -54,7 +54,14 @@ def drive(warmup: int, steps: int, repeat: int) -> None:
     ids = [f"s-{i:016x}" for i in range(n)]
     options = {"env": "sokoban", "config": bt.CONFIG, "format": "grounding_worldmodeling",
                "image_encoding": "png"}  # fmt: skip
-    worker.handle([Create(sid, {**options, "seed": i}) for i, sid in enumerate(ids)])
+    if "reasoning" in Create.__slots__:  # validated options travel (issue 27 on)
+        from env_server.service.models import SessionOptions
+
+        reasoning = ReasoningConfig()
+        made = [SessionOptions.model_validate({**options, "seed": i}) for i in range(n)]
+        worker.handle([Create(sid, o, reasoning) for sid, o in zip(ids, made, strict=True)])
+    else:  # options as JSON (the checkouts before issue 27)
+        worker.handle([Create(sid, {**options, "seed": i}) for i, sid in enumerate(ids)])
     seeds, rng = list(range(n)), random.Random(0)
     recorded: list[bytes] = []
 

@@ -17,6 +17,12 @@ import pytest
 
 from env_server.reasoning import ReasoningConfig, TurnScore
 from env_server.service.messages import Create, Reset, Step
+from env_server.service.models import ActionModel, SessionOptions
+
+
+def _mk(sid, options):
+    return Create(sid, SessionOptions(**options), ReasoningConfig())
+
 from env_server.service.service import assemble_reward, writable
 from env_server.service.worker import Worker
 from visenv import wire
@@ -57,13 +63,13 @@ def test_replies_from_text_are_the_same_on_both_wires(env):
     worker, rng, cfg = Worker(), random.Random(3), ReasoningConfig()
     options = {"env": env, "format": "grounding_worldmodeling", "image_encoding": "png"}
     ids = [f"s-{n}" for n in range(3)]
-    created = _over_the_pipe(worker.handle([Create(s, {**options, "seed": n})
+    created = _over_the_pipe(worker.handle([_mk(s, {**options, "seed": n})
                                             for n, s in enumerate(ids)]))  # fmt: skip
     checked = 0
     for round_ in range(8):
         messages = [Step(s, t) for s, t in zip(ids, _responses(rng), strict=True)]
         if round_ % 2:
-            messages[0] = Step(ids[0], actions=[{"name": "Left"}])  # manual play
+            messages[0] = Step(ids[0], actions=[ActionModel(name="Left")])  # manual play
         answers = _over_the_pipe(worker.handle(messages))
         done = [s for s, a in zip(ids, answers, strict=True) if a.reply.done]
         replies = [assemble_reward(a, a.score, cfg) for a in answers]
@@ -87,7 +93,7 @@ def test_replies_from_text_are_the_same_on_both_wires(env):
 
 def test_the_score_keys_come_first_in_the_text_as_in_the_values():
     worker = Worker()
-    worker.handle([Create("s-1", {"env": "frozenlake", "seed": 1})])
+    worker.handle([_mk("s-1", {"env": "frozenlake", "seed": 1})])
     score = TurnScore(format=0.5, observation_score=0.25, prediction_score=None,
                       world_model=0.1, judge_error="timed out")  # fmt: skip
     [stepped] = _over_the_pipe(worker.handle([Step("s-1", "<answer>Left</answer>")]))
@@ -105,7 +111,7 @@ def test_the_score_keys_come_first_in_the_text_as_in_the_values():
 
 def test_a_field_read_and_changed_is_written_from_its_value():
     worker = Worker()
-    [made] = _over_the_pipe(worker.handle([Create("s-1", {"env": "frozenlake", "seed": 1})]))
+    [made] = _over_the_pipe(worker.handle([_mk("s-1", {"env": "frozenlake", "seed": 1})]))
     made.observation.ground_truth["changed"] = True  # reading it decodes the text
     made.info["changed"] = 1
     msg = wire.SessionReply.from_proto(made.to_proto())
@@ -117,7 +123,7 @@ def test_a_field_read_and_changed_is_written_from_its_value():
 
 def test_a_non_finite_number_goes_as_values_and_is_found():
     worker = Worker()
-    worker.handle([Create("s-1", {"env": "frozenlake", "seed": 1})])
+    worker.handle([_mk("s-1", {"env": "frozenlake", "seed": 1})])
     session = worker.sessions["s-1"]
     truth = {**session.obs.ground_truth, "distance": math.inf}
     session.obs = dataclasses.replace(session.obs, ground_truth=truth)  # an env's bug
@@ -132,7 +138,7 @@ def test_a_non_finite_number_goes_as_values_and_is_found():
 
 def test_a_non_finite_judge_score_is_found_in_the_info():
     worker = Worker()
-    worker.handle([Create("s-1", {"env": "frozenlake", "seed": 1})])
+    worker.handle([_mk("s-1", {"env": "frozenlake", "seed": 1})])
     [stepped] = worker.handle([Step("s-1", "<answer>Left</answer>")])
     score = TurnScore(format=1.0, observation_score=math.nan, prediction_score=None,
                       world_model=0.0)  # fmt: skip
@@ -145,7 +151,7 @@ def test_a_non_finite_judge_score_is_found_in_the_info():
 
 def test_a_score_key_in_the_workers_info_goes_as_values():
     worker = Worker()
-    worker.handle([Create("s-1", {"env": "frozenlake", "seed": 1})])
+    worker.handle([_mk("s-1", {"env": "frozenlake", "seed": 1})])
     session = worker.sessions["s-1"]
     reply = worker._reply("s-1", session, None, info={"judge_error": "the env's own"})
     assert reply.json_text("info") is None
