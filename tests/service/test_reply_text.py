@@ -19,13 +19,14 @@ from env_server.reasoning import ReasoningConfig, TurnScore
 from env_server.service.messages import Create, Reset, Step
 from env_server.service.models import ActionModel, SessionOptions
 
-
-def _mk(sid, options):
-    return Create(sid, SessionOptions(**options), ReasoningConfig())
-
 from env_server.service.service import assemble_reward, writable
 from env_server.service.worker import Worker
 from visenv import wire
+
+
+def _mk(sid, options):  # a Create as the service sends it: validated options
+    return Create(sid, SessionOptions(**options), ReasoningConfig())
+
 
 GRID = "######\n#_P__#\n#_X__#\n#__O_#\n#____#\n######"
 
