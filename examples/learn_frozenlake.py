@@ -77,7 +77,7 @@ from trainer.trajectory import ChatLayout, EpisodeTokens, collate, policy_forwar
 ENV = "frozenlake"
 FORMAT = "no_think"
 SIZE, P_FROZEN = 4, 0.8
-MAX_TURNS, PER_TURN = 3, 3
+MAX_TURNS, PER_TURN = 3, 3  # the defaults (the learning test's); --max-turns/--per-turn
 MOVES = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
 ARMS = {  # PPO arms: config overrides on top of the common ones
     "bi_level": ["ppo.estimator=bi_level"],
@@ -96,8 +96,8 @@ VARIANTS = {  # observation variants: env config on top of the common one
 
 
 def env_config(variant: str) -> dict[str, Any]:
-    return {"size": SIZE, "p": P_FROZEN, "max_turns": MAX_TURNS, "image_size": 112,
-            **VARIANTS[variant]}  # fmt: skip
+    return {"size": SIZE, "p": P_FROZEN, "max_turns": MAX_TURNS,
+            "max_actions_per_turn": PER_TURN, "image_size": 112, **VARIANTS[variant]}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- server
@@ -154,7 +154,7 @@ def held_out_levels(n: int, training: set[tuple[str, ...]]) -> tuple[list[int], 
 def split_levels(args) -> tuple[set[tuple[str, ...]], list[int], list[int], int]:
     """The maps every training seed may see (warm-up, PPO, the fixed plan's fit levels),
     the fixed plan's fit seeds, and the held-out seeds with how many were dropped."""
-    training = {level_key(train_level_seed(s, i)) for s in args.seeds
+    training = {level_key(train_level_seed(s, i)) for s in args.split_seeds or args.seeds
                 for i in range(max(args.demo_levels, args.ppo_iterations * args.episodes))}  # fmt: skip
     plan_seeds = [train_level_seed(0, i) for i in range(args.plan_levels)]
     training |= {level_key(s) for s in plan_seeds}
@@ -250,6 +250,17 @@ def oracle(inp: PolicyInput) -> list[str]:
     return shortest_path(inp.observation.ground_truth)[:PER_TURN]
 
 
+def random_policy(draw: int):
+    """Random moves (1 to PER_TURN a turn), seeded by the draw, the level and the turn, so
+    they do not depend on the order the episodes run in."""
+
+    def random_moves(inp: PolicyInput) -> list[str]:
+        rng = random.Random(f"{draw}-{inp.seed}-{inp.turn}")
+        return [rng.choice(list(MOVES)) for _ in range(rng.randint(1, PER_TURN))]
+
+    return random_moves
+
+
 # ----------------------------------------------------------------------------- evaluation
 
 
@@ -270,12 +281,24 @@ def summary(trajs: list[Trajectory]) -> dict[str, Any]:
 
 def answer_spread(trajs: list[Trajectory]) -> dict[str, Any]:
     """Does the policy's first answer depend on the level? A policy that reads the map
-    answers differently on different maps; a blind one gives one answer everywhere."""
+    answers differently on different maps; a blind one gives one answer everywhere.
+    `first_move_toward_goal`: the share of levels whose first move brings the player
+    closer to the goal (the cue the natural sentences give most directly; the random
+    baseline's figure is the blind reference)."""
     first = [t.turns[0].response for t in trajs if t.turns]
     values, counts = np.unique(first, return_counts=True)
     top = int(counts.argmax())
+    toward = []
+    for t in trajs:
+        move = re.search(r"<answer>\s*(Left|Down|Right|Up)", t.turns[0].response) if t.turns else None
+        grid = level_key(t.seed)
+        (sr, sc), (gr, gc) = ([divmod("".join(grid).index(ch), SIZE) for ch in "SG"])
+        dr, dc = MOVES[move[1]] if move else (0, 0)
+        r, c = min(max(sr + dr, 0), SIZE - 1), min(max(sc + dc, 0), SIZE - 1)
+        toward.append(abs(r - gr) + abs(c - gc) < abs(sr - gr) + abs(sc - gc))
     return {"distinct_first_answers": len(values), "top_first_answer": str(values[top]),
-            "top_first_answer_share": float(counts[top] / len(first))}  # fmt: skip
+            "top_first_answer_share": float(counts[top] / len(first)),
+            "first_move_toward_goal": float(np.mean(toward))}  # fmt: skip
 
 
 def play(client: EnvClient, policy, seeds: list[int], variant: str) -> dict[str, Any]:
@@ -342,9 +365,10 @@ def build_model(client: EnvClient, cfg_env: dict[str, Any], seeds: list[int], ou
 
 
 def oracle_demos(client: EnvClient, layout: ChatLayout, seeds: list[int],
-                 cfg_env: dict[str, Any]) -> list[EpisodeTokens]:  # fmt: skip
-    """The oracle's episodes on these levels, as the policy's tokens, with their rewards."""
-    policy = ScriptedPolicy(oracle, layout)
+                 cfg_env: dict[str, Any], choose=oracle) -> list[EpisodeTokens]:  # fmt: skip
+    """The oracle's (or `choose`'s) episodes on these levels, as the policy's tokens, with
+    their rewards."""
+    policy = ScriptedPolicy(choose, layout)
     trajs = client.run_episodes(policy, ENV, seeds, config=cfg_env, format=FORMAT,
                                 max_turns=MAX_TURNS, progress=False)  # fmt: skip
     return [attach_rewards(policy.episodes[t.episode], t) for t in trajs]
@@ -370,6 +394,7 @@ def over_seeds(values: list[float]) -> dict[str, Any]:
 
 
 def main() -> None:
+    global MAX_TURNS, PER_TURN, P_FROZEN  # one level shape for the whole run (--per-turn)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/learn-frozenlake")
     ap.add_argument("--json", default=None, help="write the results here (after every arm)")
@@ -379,11 +404,15 @@ def main() -> None:
     ap.add_argument("--arms", nargs="+", default=list(ARMS))
     ap.add_argument(
         "--probe-arms",
-        nargs="+",
+        nargs="*",
         default=["bi_level"],
         help="arms of the natural and vision variants (all arms run on text)",
     )
     ap.add_argument("--eval-levels", type=int, default=100)
+    ap.add_argument("--split-seeds", type=int, nargs="+", default=None,
+                    help="training seeds whose levels are removed from the held-out ones "
+                    "(default --seeds; give all of them to run one seed per process on the "
+                    "same held-out levels)")  # fmt: skip
     ap.add_argument("--demo-levels", type=int, default=128, help="warm-up levels per seed")
     ap.add_argument("--plan-levels", type=int, default=1000, help="levels the fixed plan is fit on")
     ap.add_argument("--warmup-epochs", type=int, default=8)
@@ -423,7 +452,15 @@ def main() -> None:
     ap.add_argument("--kl-estimator", default="k1", choices=["k1", "k3"])
     ap.add_argument("--kl-mode", default=None, choices=["reward", "loss"])
     ap.add_argument("--clip", type=float, default=0.2, help="PPO ratio clip")
+    ap.add_argument("--p", type=float, default=P_FROZEN,
+                    help="probability that a cell is frozen (1.0: no holes)")
+    ap.add_argument("--max-turns", type=int, default=MAX_TURNS, help="turns per episode")
+    ap.add_argument("--per-turn", type=int, default=PER_TURN, help="most moves per answer")
+    ap.add_argument("--warm-up-policy", default="oracle", choices=["oracle", "random"],
+                    help="whose episodes the warm-up imitates: the oracle's, or random valid "
+                    "moves (format only, blind)")  # fmt: skip
     args = ap.parse_args()
+    MAX_TURNS, PER_TURN, P_FROZEN = args.max_turns, args.per_turn, args.p
     torch.set_num_threads(1)
     if args.write_test_warm_up:
         write_test_warm_up(Path(args.write_test_warm_up))
@@ -532,13 +569,6 @@ def baselines(client: EnvClient, eval_seeds: list[int], plan: list[str], repeats
     def fixed(inp: PolicyInput) -> list[str]:
         return plan[PER_TURN * inp.turn : PER_TURN * (inp.turn + 1)]
 
-    def random_policy(draw: int):
-        def random_moves(inp: PolicyInput) -> list[str]:
-            rng = random.Random(f"{draw}-{inp.seed}-{inp.turn}")
-            return [rng.choice(list(MOVES)) for _ in range(rng.randint(1, PER_TURN))]
-
-        return random_moves
-
     draws = [play(client, ScriptedPolicy(random_policy(d)), eval_seeds, "text")
              for d in range(repeats)]  # fmt: skip
     rates = [d["success_rate"] for d in draws]
@@ -570,7 +600,10 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
                            hidden=args.hidden, layers=args.layers)  # fmt: skip
         model, processing = load_policy(path)
         layout = ChatLayout(processing)
-        demos = oracle_demos(client, layout, demo_seeds, cfg_env)
+        # "random": random valid moves, a warm-up that teaches the answer format and
+        # nothing about the level (blind), so everything above random is PPO's
+        choose = oracle if args.warm_up_policy == "oracle" else random_policy(1000 + seed)
+        demos = oracle_demos(client, layout, demo_seeds, cfg_env, choose)
         losses = warm_up(model, layout, demos, args.warmup_epochs, args.warmup_lr, seed)
         warm = save_policy(model, processing, out / "warm")
         extra = {"warmup_loss": losses,
