@@ -16,6 +16,17 @@
         --max-new-tokens 12 --filter-ratio 0.5 --kl-coef 0.01 --kl-estimator k3 \\
         --kl-mode loss --random-repeats 3 --json docs/learn_frozenlake_heldout.json \\
         --plot docs/learn_frozenlake_heldout.png
+    # one move per turn, 6 turns, fewer holes, a blind warm-up (random valid moves);
+    # one process per seed on the same held-out levels, then merged (about 40 minutes)
+    F="--variants natural --max-turns 6 --per-turn 1 --p 0.9 --max-new-tokens 8 \\
+       --random-repeats 3 --warm-up-policy random --demo-levels 256 --warmup-epochs 4 \\
+       --probe-arms bi_level grpo --ppo-iterations 20 --episodes 32 --actor-lr 1e-3 \\
+       --filter-ratio 0.5 --kl-coef 0.1 --kl-estimator k3 --kl-mode loss --clip 0.1 \\
+       --split-seeds 0 1 2"
+    for s in 0 1 2; do nice .venv/bin/python examples/learn_frozenlake.py $F --seeds $s \\
+        --out runs/reactive-$s --json runs/reactive-$s.json & done; wait
+    .venv/bin/python examples/learn_frozenlake.py --merge runs/reactive-{0,1,2}.json \\
+        --json docs/learn_frozenlake_reactive.json --plot docs/learn_frozenlake_reactive.png
     # the learning test's warm-up, again (byte-identical on the same machine)
     .venv/bin/python examples/learn_frozenlake.py --write-test-warm-up DIR
 
@@ -290,9 +301,11 @@ def answer_spread(trajs: list[Trajectory]) -> dict[str, Any]:
     top = int(counts.argmax())
     toward = []
     for t in trajs:
-        move = re.search(r"<answer>\s*(Left|Down|Right|Up)", t.turns[0].response) if t.turns else None
+        move = (
+            re.search(r"<answer>\s*(Left|Down|Right|Up)", t.turns[0].response) if t.turns else None
+        )
         grid = level_key(t.seed)
-        (sr, sc), (gr, gc) = ([divmod("".join(grid).index(ch), SIZE) for ch in "SG"])
+        (sr, sc), (gr, gc) = [divmod("".join(grid).index(ch), SIZE) for ch in "SG"]
         dr, dc = MOVES[move[1]] if move else (0, 0)
         r, c = min(max(sr + dr, 0), SIZE - 1), min(max(sc + dc, 0), SIZE - 1)
         toward.append(abs(r - gr) + abs(c - gc) < abs(sr - gr) + abs(sc - gc))
@@ -441,6 +454,9 @@ def main() -> None:
     ap.add_argument("--reevaluate", action="store_true",
                     help="no training: evaluate the models a finished run left in --out again "
                     "(warm-up and last PPO checkpoint of every arm) and write --json")  # fmt: skip
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="merge the results of runs of one seed each (same --split-seeds) "
+                    "into --json and --plot, and stop")  # fmt: skip
     ap.add_argument("--write-test-warm-up", default=None, metavar="DIR",
                     help="write the warm-up tests/trainer/test_learning.py starts from to DIR "
                     "and stop")  # fmt: skip
@@ -452,8 +468,12 @@ def main() -> None:
     ap.add_argument("--kl-estimator", default="k1", choices=["k1", "k3"])
     ap.add_argument("--kl-mode", default=None, choices=["reward", "loss"])
     ap.add_argument("--clip", type=float, default=0.2, help="PPO ratio clip")
-    ap.add_argument("--p", type=float, default=P_FROZEN,
-                    help="probability that a cell is frozen (1.0: no holes)")
+    ap.add_argument(
+        "--p",
+        type=float,
+        default=P_FROZEN,
+        help="probability that a cell is frozen (1.0: no holes)",
+    )
     ap.add_argument("--max-turns", type=int, default=MAX_TURNS, help="turns per episode")
     ap.add_argument("--per-turn", type=int, default=PER_TURN, help="most moves per answer")
     ap.add_argument("--warm-up-policy", default="oracle", choices=["oracle", "random"],
@@ -467,6 +487,9 @@ def main() -> None:
         return
     if args.reevaluate:
         reevaluate(args)
+        return
+    if args.merge:
+        merge(args)
         return
     t_start = time.time()
     report: dict[str, Any] = {"args": vars(args), "env": env_config("text") | {"format": FORMAT}}
@@ -518,9 +541,8 @@ def main() -> None:
             arms = args.arms if variant == "text" else args.probe_arms
             for seed in args.seeds:
                 run_variant_seed(client, address, args, variant, seed, arms, eval_seeds,
-                                 out / f"{variant}-{seed}", report)  # fmt: skip
-                summarise(report, args)
-                save()
+                                 out / f"{variant}-{seed}", report,
+                                 lambda: (summarise(report, args), save()))  # fmt: skip
         client.close_client()
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -584,8 +606,8 @@ def baselines(client: EnvClient, eval_seeds: list[int], plan: list[str], repeats
 
 
 def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out: Path,
-                     report) -> None:  # fmt: skip
-    """Warm-up and every PPO arm of one variant and training seed."""
+                     report, saved=lambda: None) -> None:  # fmt: skip
+    """Warm-up and every PPO arm of one variant and training seed; `saved()` after each."""
     torch.manual_seed(seed)
     cfg_env = env_config(variant)
     runs = report["runs"].setdefault(variant, {})
@@ -613,6 +635,7 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
         "seconds": time.time() - t0, **extra,
     }  # fmt: skip
     print(variant, seed, "warm-up:", runs["warm-up"][str(seed)]["eval"], flush=True)
+    saved()
     del model
 
     for arm in arms:
@@ -650,7 +673,28 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
         }
         print(variant, seed, arm, runs[arm][str(seed)]["eval"], f"{time.time() - t0:.0f}s",
               flush=True)  # fmt: skip
+        saved()
         del result, actor
+
+
+def merge(args) -> None:
+    """One report from runs of one training seed each: their runs side by side, the
+    baselines of the first (they played the same held-out levels: checked)."""
+    parts = [json.loads(Path(f).read_text()) for f in args.merge]
+    report = parts[0] | {"runs": {}, "merged_from": args.merge,
+                         "seconds_per_part": [p["seconds"] for p in parts]}  # fmt: skip
+    for part in parts:
+        if part["levels"] != parts[0]["levels"]:
+            raise SystemExit(f"{args.merge}: the runs played different held-out levels")
+        for variant, arms in part["runs"].items():
+            for arm, by_seed in arms.items():
+                report["runs"].setdefault(variant, {}).setdefault(arm, {}).update(by_seed)
+    summarise(report, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    if args.plot:
+        plot(report, args.plot)
+    print(json.dumps(report["summary"], indent=1))
 
 
 def reevaluate(args) -> None:
@@ -698,6 +742,10 @@ def summarise(report: dict[str, Any], args) -> None:
                        if "sampled" in r["eval"]]  # fmt: skip
             if sampled:
                 out[f"{variant}/{arm}"]["sampled"] = over_seeds(sampled)
+            for key in ("valid_answer_rate", "first_move_toward_goal"):
+                vals = [r["eval"][key] for r in by_seed.values() if key in r["eval"]]
+                if vals:
+                    out[f"{variant}/{arm}"][key] = float(np.mean(vals))
     report["summary"] = out
 
 
