@@ -17,15 +17,19 @@
         --kl-mode loss --random-repeats 3 --json docs/learn_frozenlake_heldout.json \\
         --plot docs/learn_frozenlake_heldout.png
     # one move per turn, 6 turns, fewer holes, a blind warm-up (random valid moves);
-    # one process per seed on the same held-out levels, then merged (about 40 minutes)
+    # one process per seed on the same held-out levels, then the other estimators from
+    # each seed's warm-up, then merged (docs/trainer.md, "Learning demonstration")
     F="--variants natural --max-turns 6 --per-turn 1 --p 0.9 --max-new-tokens 8 \\
-       --random-repeats 3 --warm-up-policy random --demo-levels 256 --warmup-epochs 4 \\
-       --probe-arms bi_level grpo --ppo-iterations 20 --episodes 32 --actor-lr 1e-3 \\
-       --filter-ratio 0.5 --kl-coef 0.1 --kl-estimator k3 --kl-mode loss --clip 0.1 \\
-       --split-seeds 0 1 2"
-    for s in 0 1 2; do nice .venv/bin/python examples/learn_frozenlake.py $F --seeds $s \\
-        --out runs/reactive-$s --json runs/reactive-$s.json & done; wait
-    .venv/bin/python examples/learn_frozenlake.py --merge runs/reactive-{0,1,2}.json \\
+       --random-repeats 3 --warm-up-policy random --demo-levels 128 --warmup-epochs 4 \\
+       --ppo-iterations 16 --episodes 32 --actor-lr 1e-3 --filter-ratio 0.5 \\
+       --kl-coef 0.1 --kl-estimator k3 --kl-mode loss --clip 0.1 --split-seeds 0 1 2"
+    for s in 0 1 2; do .venv/bin/python examples/learn_frozenlake.py $F --seeds $s \\
+        --probe-arms bi_level --out runs/reactive-$s --json runs/reactive-$s.json & done
+    wait
+    for s in 0 1 2; do .venv/bin/python examples/learn_frozenlake.py $F --seeds $s \\
+        --probe-arms grpo gae turn_wise --warm-up runs/reactive-$s/natural-$s/warm \\
+        --out runs/reactive-arms-$s --json runs/reactive-arms-$s.json & done; wait
+    .venv/bin/python examples/learn_frozenlake.py --merge runs/reactive-{,arms-}{0,1,2}.json \\
         --json docs/learn_frozenlake_reactive.json --plot docs/learn_frozenlake_reactive.png
     # the learning test's warm-up, again (byte-identical on the same machine)
     .venv/bin/python examples/learn_frozenlake.py --write-test-warm-up DIR
@@ -679,7 +683,8 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
 
 def merge(args) -> None:
     """One report from runs of one training seed each: their runs side by side, the
-    baselines of the first (they played the same held-out levels: checked)."""
+    baselines of the first (they played the same held-out levels: checked). A seed's arm
+    found in several files (the warm-up, when later runs start from it) is the first's."""
     parts = [json.loads(Path(f).read_text()) for f in args.merge]
     report = parts[0] | {"runs": {}, "merged_from": args.merge,
                          "seconds_per_part": [p["seconds"] for p in parts]}  # fmt: skip
@@ -688,7 +693,9 @@ def merge(args) -> None:
             raise SystemExit(f"{args.merge}: the runs played different held-out levels")
         for variant, arms in part["runs"].items():
             for arm, by_seed in arms.items():
-                report["runs"].setdefault(variant, {}).setdefault(arm, {}).update(by_seed)
+                mine = report["runs"].setdefault(variant, {}).setdefault(arm, {})
+                for seed, run in by_seed.items():  # the first file's wins (a warm-up
+                    mine.setdefault(seed, run)  # loaded again by --warm-up is evaluated again)
     summarise(report, args)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
