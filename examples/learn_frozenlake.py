@@ -16,6 +16,21 @@
         --max-new-tokens 12 --filter-ratio 0.5 --kl-coef 0.01 --kl-estimator k3 \\
         --kl-mode loss --random-repeats 3 --json docs/learn_frozenlake_heldout.json \\
         --plot docs/learn_frozenlake_heldout.png
+    # one move per turn, 6 turns, fewer holes, a blind warm-up (random valid moves);
+    # one process per seed on the same held-out levels, then the other estimators from
+    # each seed's warm-up, then merged (docs/trainer.md, "Learning demonstration")
+    F="--variants natural --max-turns 6 --per-turn 1 --p 0.9 --max-new-tokens 8 \\
+       --random-repeats 3 --warm-up-policy random --demo-levels 128 --warmup-epochs 4 \\
+       --ppo-iterations 16 --episodes 32 --actor-lr 1e-3 --filter-ratio 0.5 \\
+       --kl-coef 0.1 --kl-estimator k3 --kl-mode loss --clip 0.1 --split-seeds 0 1 2"
+    for s in 0 1 2; do .venv/bin/python examples/learn_frozenlake.py $F --seeds $s \\
+        --probe-arms bi_level --out runs/reactive-$s --json runs/reactive-$s.json & done
+    wait
+    for s in 0 1 2; do .venv/bin/python examples/learn_frozenlake.py $F --seeds $s \\
+        --probe-arms grpo gae turn_wise --warm-up runs/reactive-$s/natural-$s/warm \\
+        --out runs/reactive-arms-$s --json runs/reactive-arms-$s.json & done; wait
+    .venv/bin/python examples/learn_frozenlake.py --merge runs/reactive-{,arms-}{0,1,2}.json \\
+        --json docs/learn_frozenlake_reactive.json --plot docs/learn_frozenlake_reactive.png
     # the learning test's warm-up, again (byte-identical on the same machine)
     .venv/bin/python examples/learn_frozenlake.py --write-test-warm-up DIR
 
@@ -77,7 +92,7 @@ from trainer.trajectory import ChatLayout, EpisodeTokens, collate, policy_forwar
 ENV = "frozenlake"
 FORMAT = "no_think"
 SIZE, P_FROZEN = 4, 0.8
-MAX_TURNS, PER_TURN = 3, 3
+MAX_TURNS, PER_TURN = 3, 3  # the defaults (the learning test's); --max-turns/--per-turn
 MOVES = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
 ARMS = {  # PPO arms: config overrides on top of the common ones
     "bi_level": ["ppo.estimator=bi_level"],
@@ -96,8 +111,8 @@ VARIANTS = {  # observation variants: env config on top of the common one
 
 
 def env_config(variant: str) -> dict[str, Any]:
-    return {"size": SIZE, "p": P_FROZEN, "max_turns": MAX_TURNS, "image_size": 112,
-            **VARIANTS[variant]}  # fmt: skip
+    return {"size": SIZE, "p": P_FROZEN, "max_turns": MAX_TURNS,
+            "max_actions_per_turn": PER_TURN, "image_size": 112, **VARIANTS[variant]}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- server
@@ -154,7 +169,7 @@ def held_out_levels(n: int, training: set[tuple[str, ...]]) -> tuple[list[int], 
 def split_levels(args) -> tuple[set[tuple[str, ...]], list[int], list[int], int]:
     """The maps every training seed may see (warm-up, PPO, the fixed plan's fit levels),
     the fixed plan's fit seeds, and the held-out seeds with how many were dropped."""
-    training = {level_key(train_level_seed(s, i)) for s in args.seeds
+    training = {level_key(train_level_seed(s, i)) for s in args.split_seeds or args.seeds
                 for i in range(max(args.demo_levels, args.ppo_iterations * args.episodes))}  # fmt: skip
     plan_seeds = [train_level_seed(0, i) for i in range(args.plan_levels)]
     training |= {level_key(s) for s in plan_seeds}
@@ -250,6 +265,17 @@ def oracle(inp: PolicyInput) -> list[str]:
     return shortest_path(inp.observation.ground_truth)[:PER_TURN]
 
 
+def random_policy(draw: int):
+    """Random moves (1 to PER_TURN a turn), seeded by the draw, the level and the turn, so
+    they do not depend on the order the episodes run in."""
+
+    def random_moves(inp: PolicyInput) -> list[str]:
+        rng = random.Random(f"{draw}-{inp.seed}-{inp.turn}")
+        return [rng.choice(list(MOVES)) for _ in range(rng.randint(1, PER_TURN))]
+
+    return random_moves
+
+
 # ----------------------------------------------------------------------------- evaluation
 
 
@@ -270,12 +296,26 @@ def summary(trajs: list[Trajectory]) -> dict[str, Any]:
 
 def answer_spread(trajs: list[Trajectory]) -> dict[str, Any]:
     """Does the policy's first answer depend on the level? A policy that reads the map
-    answers differently on different maps; a blind one gives one answer everywhere."""
+    answers differently on different maps; a blind one gives one answer everywhere.
+    `first_move_toward_goal`: the share of levels whose first move brings the player
+    closer to the goal (the cue the natural sentences give most directly; the random
+    baseline's figure is the blind reference)."""
     first = [t.turns[0].response for t in trajs if t.turns]
     values, counts = np.unique(first, return_counts=True)
     top = int(counts.argmax())
+    toward = []
+    for t in trajs:
+        move = (
+            re.search(r"<answer>\s*(Left|Down|Right|Up)", t.turns[0].response) if t.turns else None
+        )
+        grid = level_key(t.seed)
+        (sr, sc), (gr, gc) = [divmod("".join(grid).index(ch), SIZE) for ch in "SG"]
+        dr, dc = MOVES[move[1]] if move else (0, 0)
+        r, c = min(max(sr + dr, 0), SIZE - 1), min(max(sc + dc, 0), SIZE - 1)
+        toward.append(abs(r - gr) + abs(c - gc) < abs(sr - gr) + abs(sc - gc))
     return {"distinct_first_answers": len(values), "top_first_answer": str(values[top]),
-            "top_first_answer_share": float(counts[top] / len(first))}  # fmt: skip
+            "top_first_answer_share": float(counts[top] / len(first)),
+            "first_move_toward_goal": float(np.mean(toward))}  # fmt: skip
 
 
 def play(client: EnvClient, policy, seeds: list[int], variant: str) -> dict[str, Any]:
@@ -342,9 +382,10 @@ def build_model(client: EnvClient, cfg_env: dict[str, Any], seeds: list[int], ou
 
 
 def oracle_demos(client: EnvClient, layout: ChatLayout, seeds: list[int],
-                 cfg_env: dict[str, Any]) -> list[EpisodeTokens]:  # fmt: skip
-    """The oracle's episodes on these levels, as the policy's tokens, with their rewards."""
-    policy = ScriptedPolicy(oracle, layout)
+                 cfg_env: dict[str, Any], choose=oracle) -> list[EpisodeTokens]:  # fmt: skip
+    """The oracle's (or `choose`'s) episodes on these levels, as the policy's tokens, with
+    their rewards."""
+    policy = ScriptedPolicy(choose, layout)
     trajs = client.run_episodes(policy, ENV, seeds, config=cfg_env, format=FORMAT,
                                 max_turns=MAX_TURNS, progress=False)  # fmt: skip
     return [attach_rewards(policy.episodes[t.episode], t) for t in trajs]
@@ -370,6 +411,7 @@ def over_seeds(values: list[float]) -> dict[str, Any]:
 
 
 def main() -> None:
+    global MAX_TURNS, PER_TURN, P_FROZEN  # one level shape for the whole run (--per-turn)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/learn-frozenlake")
     ap.add_argument("--json", default=None, help="write the results here (after every arm)")
@@ -379,11 +421,15 @@ def main() -> None:
     ap.add_argument("--arms", nargs="+", default=list(ARMS))
     ap.add_argument(
         "--probe-arms",
-        nargs="+",
+        nargs="*",
         default=["bi_level"],
         help="arms of the natural and vision variants (all arms run on text)",
     )
     ap.add_argument("--eval-levels", type=int, default=100)
+    ap.add_argument("--split-seeds", type=int, nargs="+", default=None,
+                    help="training seeds whose levels are removed from the held-out ones "
+                    "(default --seeds; give all of them to run one seed per process on the "
+                    "same held-out levels)")  # fmt: skip
     ap.add_argument("--demo-levels", type=int, default=128, help="warm-up levels per seed")
     ap.add_argument("--plan-levels", type=int, default=1000, help="levels the fixed plan is fit on")
     ap.add_argument("--warmup-epochs", type=int, default=8)
@@ -412,6 +458,9 @@ def main() -> None:
     ap.add_argument("--reevaluate", action="store_true",
                     help="no training: evaluate the models a finished run left in --out again "
                     "(warm-up and last PPO checkpoint of every arm) and write --json")  # fmt: skip
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="merge the results of runs of one seed each (same --split-seeds) "
+                    "into --json and --plot, and stop")  # fmt: skip
     ap.add_argument("--write-test-warm-up", default=None, metavar="DIR",
                     help="write the warm-up tests/trainer/test_learning.py starts from to DIR "
                     "and stop")  # fmt: skip
@@ -423,13 +472,28 @@ def main() -> None:
     ap.add_argument("--kl-estimator", default="k1", choices=["k1", "k3"])
     ap.add_argument("--kl-mode", default=None, choices=["reward", "loss"])
     ap.add_argument("--clip", type=float, default=0.2, help="PPO ratio clip")
+    ap.add_argument(
+        "--p",
+        type=float,
+        default=P_FROZEN,
+        help="probability that a cell is frozen (1.0: no holes)",
+    )
+    ap.add_argument("--max-turns", type=int, default=MAX_TURNS, help="turns per episode")
+    ap.add_argument("--per-turn", type=int, default=PER_TURN, help="most moves per answer")
+    ap.add_argument("--warm-up-policy", default="oracle", choices=["oracle", "random"],
+                    help="whose episodes the warm-up imitates: the oracle's, or random valid "
+                    "moves (format only, blind)")  # fmt: skip
     args = ap.parse_args()
+    MAX_TURNS, PER_TURN, P_FROZEN = args.max_turns, args.per_turn, args.p
     torch.set_num_threads(1)
     if args.write_test_warm_up:
         write_test_warm_up(Path(args.write_test_warm_up))
         return
     if args.reevaluate:
         reevaluate(args)
+        return
+    if args.merge:
+        merge(args)
         return
     t_start = time.time()
     report: dict[str, Any] = {"args": vars(args), "env": env_config("text") | {"format": FORMAT}}
@@ -481,9 +545,8 @@ def main() -> None:
             arms = args.arms if variant == "text" else args.probe_arms
             for seed in args.seeds:
                 run_variant_seed(client, address, args, variant, seed, arms, eval_seeds,
-                                 out / f"{variant}-{seed}", report)  # fmt: skip
-                summarise(report, args)
-                save()
+                                 out / f"{variant}-{seed}", report,
+                                 lambda: (summarise(report, args), save()))  # fmt: skip
         client.close_client()
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -532,13 +595,6 @@ def baselines(client: EnvClient, eval_seeds: list[int], plan: list[str], repeats
     def fixed(inp: PolicyInput) -> list[str]:
         return plan[PER_TURN * inp.turn : PER_TURN * (inp.turn + 1)]
 
-    def random_policy(draw: int):
-        def random_moves(inp: PolicyInput) -> list[str]:
-            rng = random.Random(f"{draw}-{inp.seed}-{inp.turn}")
-            return [rng.choice(list(MOVES)) for _ in range(rng.randint(1, PER_TURN))]
-
-        return random_moves
-
     draws = [play(client, ScriptedPolicy(random_policy(d)), eval_seeds, "text")
              for d in range(repeats)]  # fmt: skip
     rates = [d["success_rate"] for d in draws]
@@ -554,8 +610,8 @@ def baselines(client: EnvClient, eval_seeds: list[int], plan: list[str], repeats
 
 
 def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out: Path,
-                     report) -> None:  # fmt: skip
-    """Warm-up and every PPO arm of one variant and training seed."""
+                     report, saved=lambda: None) -> None:  # fmt: skip
+    """Warm-up and every PPO arm of one variant and training seed; `saved()` after each."""
     torch.manual_seed(seed)
     cfg_env = env_config(variant)
     runs = report["runs"].setdefault(variant, {})
@@ -570,7 +626,10 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
                            hidden=args.hidden, layers=args.layers)  # fmt: skip
         model, processing = load_policy(path)
         layout = ChatLayout(processing)
-        demos = oracle_demos(client, layout, demo_seeds, cfg_env)
+        # "random": random valid moves, a warm-up that teaches the answer format and
+        # nothing about the level (blind), so everything above random is PPO's
+        choose = oracle if args.warm_up_policy == "oracle" else random_policy(1000 + seed)
+        demos = oracle_demos(client, layout, demo_seeds, cfg_env, choose)
         losses = warm_up(model, layout, demos, args.warmup_epochs, args.warmup_lr, seed)
         warm = save_policy(model, processing, out / "warm")
         extra = {"warmup_loss": losses,
@@ -580,6 +639,7 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
         "seconds": time.time() - t0, **extra,
     }  # fmt: skip
     print(variant, seed, "warm-up:", runs["warm-up"][str(seed)]["eval"], flush=True)
+    saved()
     del model
 
     for arm in arms:
@@ -617,7 +677,31 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
         }
         print(variant, seed, arm, runs[arm][str(seed)]["eval"], f"{time.time() - t0:.0f}s",
               flush=True)  # fmt: skip
+        saved()
         del result, actor
+
+
+def merge(args) -> None:
+    """One report from runs of one training seed each: their runs side by side, the
+    baselines of the first (they played the same held-out levels: checked). A seed's arm
+    found in several files (the warm-up, when later runs start from it) is the first's."""
+    parts = [json.loads(Path(f).read_text()) for f in args.merge]
+    report = parts[0] | {"runs": {}, "merged_from": args.merge,
+                         "seconds_per_part": [p["seconds"] for p in parts]}  # fmt: skip
+    for part in parts:
+        if part["levels"] != parts[0]["levels"]:
+            raise SystemExit(f"{args.merge}: the runs played different held-out levels")
+        for variant, arms in part["runs"].items():
+            for arm, by_seed in arms.items():
+                mine = report["runs"].setdefault(variant, {}).setdefault(arm, {})
+                for seed, run in by_seed.items():  # the first file's wins (a warm-up
+                    mine.setdefault(seed, run)  # loaded again by --warm-up is evaluated again)
+    summarise(report, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    if args.plot:
+        plot(report, args.plot)
+    print(json.dumps(report["summary"], indent=1))
 
 
 def reevaluate(args) -> None:
@@ -665,6 +749,10 @@ def summarise(report: dict[str, Any], args) -> None:
                        if "sampled" in r["eval"]]  # fmt: skip
             if sampled:
                 out[f"{variant}/{arm}"]["sampled"] = over_seeds(sampled)
+            for key in ("valid_answer_rate", "first_move_toward_goal"):
+                vals = [r["eval"][key] for r in by_seed.values() if key in r["eval"]]
+                if vals:
+                    out[f"{variant}/{arm}"][key] = float(np.mean(vals))
     report["summary"] = out
 
 
