@@ -28,9 +28,8 @@ pipe to them and its batching are `pool.py`), sessions are pinned to the least-l
 worker at creation, and this (API) process only routes:
 one batch call sends ONE message per worker holding all its items (the typed messages
 of `messages.py`) and awaits the workers concurrently. A step's reward is assembled
-here, in `assemble_reward`, from what the worker measured (the environment's reward,
-the rule-based reasoning score), the LLM judge's scores when the session has one, and
-the reasoning guard's penalty (both of which live in this process). A worker that dies takes only its own sessions (they answer
+in this process (`rewards.py`): from what the worker measured, the LLM judge's scores
+and the reasoning guard's penalty (judges and guards live here). A worker that dies takes only its own sessions (they answer
 SESSION_LOST, also for calls in flight) and is replaced. Sessions have server-made
 ids (naming this server: session_ids.py), an idle timeout (a reaper task), a cap (CAPACITY), and a
 `step_index` retry cache: a step repeated with the previous index is answered from
@@ -43,17 +42,15 @@ import asyncio
 import collections
 import dataclasses
 import gc
-import json
 import logging
-import math
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from env_server.reasoning import Judge, ReasoningConfig, ResponseGuard, TurnScore
+from env_server.reasoning import ReasoningConfig, ResponseGuard
 
 from .messages import (
     Close,
@@ -64,7 +61,6 @@ from .messages import (
     ListEnv,
     Reset,
     Step,
-    Stepped,
 )
 from .metrics import Metrics
 from .models import (
@@ -73,7 +69,6 @@ from .models import (
     EnvSpec,
     ForkItem,
     ResetItem,
-    RewardParts,
     ServiceError,
     SessionOptions,
     SessionReply,
@@ -81,6 +76,7 @@ from .models import (
 )
 from .pool import WorkerHandle, WorkerPool
 from .protocol import check_batch, check_env, unknown_session
+from .rewards import Rewards, writable
 from .session_ids import Origin
 from .settings import Settings
 
@@ -123,111 +119,6 @@ def _validate(model: type[M], raw: M | Mapping[str, Any] | ServiceError) -> M | 
         return ServiceError.from_validation(exc)
 
 
-def _nonfinite(value: Any, where: str) -> Iterator[str]:
-    """Where the non-finite numbers in a JSON-like value sit."""
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            yield where
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _nonfinite(item, f"{where}.{key}")
-    elif isinstance(value, list):
-        for n, item in enumerate(value):
-            yield from _nonfinite(item, f"{where}.{n}")
-
-
-def _unless_text(holder: Any, name: str, where: str) -> Iterator[str]:
-    if holder.json_text(name) is None:
-        yield from _nonfinite(getattr(holder, name), where)
-
-
-def writable(reply: SessionReply) -> tuple[SessionReply, SessionReply | ServiceError]:
-    """(what the session keeps, what the caller gets) for a reply from a worker.
-
-    A reply whose numbers are all finite is both. One with a NaN or an infinity (an
-    environment's bug: requests carry none) can't be written as JSON: the caller gets
-    INTERNAL with an error id (the log has the places), and the session keeps a copy with
-    those numbers as null (a reward part: 0, the places listed in info.unwritable), so
-    that it stays readable (GET, a retry, a fork) and can go on."""
-    # (a part that came as JSON text, `wire.JSONText`, has none: the worker wrote it so)
-    obs = reply.observation
-    bad = [
-        *_nonfinite(reply.reward, "reward"),
-        *_nonfinite(reply.reward_parts.to_json(), "reward_parts"),
-        *_unless_text(obs, "ground_truth", "observation.ground_truth"),
-        *_unless_text(obs, "info", "observation.info"),
-        *_unless_text(reply, "info", "info"),
-    ]
-    if not bad:
-        return reply, reply
-    error = ServiceError.internal(
-        ValueError(f"non-finite numbers at {', '.join(bad)}"),
-        f"the reply of {reply.session_id}",
-        log,
-    )
-
-    def scrub(value: Any) -> Any:
-        return json.loads(json.dumps(value), parse_constant=lambda _: None)
-
-    parts = RewardParts(
-        **{k: v if math.isfinite(v) else 0.0 for k, v in reply.reward_parts.to_json().items()}
-    )
-    observation = dataclasses.replace(
-        reply.observation,
-        ground_truth=scrub(reply.observation.ground_truth),
-        info=scrub(reply.observation.info),
-    )
-    stored = dataclasses.replace(
-        reply,
-        observation=observation,
-        reward_parts=parts,
-        reward=parts.total,
-        info={**scrub(reply.info), "unwritable": {"error_id": error.error_id, "fields": bad}},
-    )
-    return stored, error
-
-
-def assemble_reward(
-    stepped: Stepped, score: TurnScore | None, cfg: ReasoningConfig, penalty: float = 0.0
-) -> SessionReply:
-    """The one place a step's reward is assembled: its parts, their sum and the score keys
-    of its info, from the environment's reward (`stepped.env_reward`), the turn's
-    reasoning score (the worker's rule-based one, or the LLM judge's; None for manual
-    play) and the guard's `penalty`. Returns `stepped.reply`, filled in.
-
-    Parts: env; format (the format reward earned); observation and prediction
-    (beta_s * observation_score and beta_w * prediction_score, when the turn earned a
-    world-model reward); penalty (-penalty). reward = their sum.
-    """
-    reply = stepped.reply
-    parts = RewardParts(env=stepped.env_reward)
-    if score is not None:
-        parts.format = float(score.format)
-        if score.world_model:
-            parts.observation = float(cfg.beta_s * (score.observation_score or 0.0))
-            parts.prediction = float(cfg.beta_w * (score.prediction_score or 0.0))
-    if penalty:
-        parts.penalty = -penalty
-    reply.reward_parts = parts
-    reply.reward = parts.total
-    scores = {
-        "observation_score": None if score is None else score.observation_score,
-        "prediction_score": None if score is None else score.prediction_score,
-        "judge_error": None if score is None else score.judge_error,
-    }
-    text = reply.json_text("info")  # the worker's info as JSON text, without SCORE_KEYS
-    if text is not None and _finite(scores):  # the scores put in front of it as text
-        first = json.dumps(scores)
-        reply.set_json_text("info", first if text == "{}" else f"{first[:-1]}, {text[1:]}")
-    else:
-        reply.info = {**scores, **reply.info}
-    return reply
-
-
-def _finite(scores: dict[str, Any]) -> bool:
-    return not any(isinstance(v, float) and not math.isfinite(v) for v in scores.values())
-
-
 class EnvService:
     """Sessions over worker processes; see the module docstring for the API."""
 
@@ -242,8 +133,7 @@ class EnvService:
         self._gone: collections.OrderedDict[str, ServiceError] = collections.OrderedDict()
         self._reaper: asyncio.Task | None = None
         self._started_at = time.monotonic()
-        self._judges: dict[str, Judge] = {}  # one per distinct judge config
-        self._guards: dict[str, ResponseGuard] = {}  # one per distinct guard config
+        self.rewards = Rewards(self.settings.judge_urls)
         # set once `start` has finished (or failed: then `_start_error`): the server listens
         # before that, and calls made meanwhile wait for it (`wait_started`)
         self._started = asyncio.Event()
@@ -327,7 +217,7 @@ class EnvService:
         if self._reaper is not None:
             self._reaper.cancel()
         await self.pool.stop()
-        await asyncio.gather(*(j.aclose() for j in self._judges.values()), return_exceptions=True)
+        await self.rewards.aclose()
         self.sessions.clear()
         self.metrics.sessions.set(0)
 
@@ -365,30 +255,6 @@ class EnvService:
             self.metrics.errors.labels(error.code).inc()
             raise
 
-    def _check_judge(self, reasoning: ReasoningConfig) -> ServiceError | None:
-        """A judge endpoint must be one the operator allowed: the server sends requests
-        (with an API key from its own environment) to it, so a client must not be able to
-        point it anywhere (server-side request forgery, key leaks)."""
-        judge = reasoning.judge
-        if judge is None:
-            return None
-        allowed = self.settings.judge_urls or []
-        if not any(judge.base_url.rstrip("/").startswith(u.rstrip("/")) for u in allowed):
-            return ServiceError(
-                "INVALID_ARGUMENT",
-                f"reasoning.judge.base_url {judge.base_url!r} is not an allowed judge endpoint; "
-                "the server operator lists those in VISENV_JUDGE_URLS "
-                f"(now: {', '.join(allowed) or 'none'})",
-                "reasoning.judge.base_url",
-            )
-        if judge.api_key_env.startswith("VISENV_"):
-            return ServiceError(
-                "INVALID_ARGUMENT",
-                "reasoning.judge.api_key_env may not name the server's own VISENV_* settings",
-                "reasoning.judge.api_key_env",
-            )
-        return None
-
     async def create(
         self, items: Sequence[SessionOptions | Mapping[str, Any]]
     ) -> list[SessionReply | ServiceError]:
@@ -407,7 +273,7 @@ class EnvService:
             except ValidationError as exc:
                 error = error or ServiceError.from_validation(exc, "reasoning")
             else:
-                error = error or self._check_judge(reasoning)
+                error = error or self.rewards.check_judge(reasoning)
             if error is None and len(self.sessions) >= self.settings.max_sessions:
                 error = ServiceError(
                     "CAPACITY",
@@ -507,7 +373,7 @@ class EnvService:
             session.last_step = _step_key(item)
             self.metrics.steps.labels(session.env).inc()
 
-        results = await self._session_call(StepItem, items, message, applied, precheck, self._grade)
+        results = await self._session_call(StepItem, items, message, applied, precheck, self.rewards.grade)
         self.metrics.step_seconds.observe(time.perf_counter() - started)
         return results
 
@@ -656,8 +522,7 @@ class EnvService:
     def _forked(self, source: Session, fork: Session, answer: Forked) -> SessionReply:
         """Record a fork the worker made; its reply."""
         assert source.last_reply is not None
-        if source.reasoning.guard.enabled:
-            fork.guard = self._guard_of(source).copy()
+        self.rewards.fork_guard(source, fork)
         tolerance = answer.tolerance
         info = {
             **source.last_reply.info,
@@ -666,17 +531,6 @@ class EnvService:
         # also what a get() or a retry of the source's last step answers on the fork
         fork.last_reply = dataclasses.replace(source.last_reply, session_id=fork.id, info=info)
         return fork.last_reply
-
-    def _guard_of(self, session: Session) -> ResponseGuard:
-        """The session's reasoning guard: a fork's own copy, else the one of its config
-        (looked up once, then remembered on the session)."""
-        if session.guard is None:
-            key = session.reasoning.guard.model_dump_json()
-            guard = self._guards.get(key)
-            if guard is None:
-                guard = self._guards[key] = ResponseGuard(session.reasoning.guard)
-            session.guard = guard
-        return session.guard
 
     async def frame(self, session_id: str) -> bytes:
         await self.wait_started()
@@ -799,42 +653,6 @@ class EnvService:
         # the worker but unrecorded here (the step_index would drift)
         await asyncio.shield(asyncio.gather(*(run(w, g) for w, g in planned.items())))
         return self._count_errors(results)
-
-    async def _grade(self, group: list[tuple[int, StepItem, Session]], answers: list) -> list:
-        """Finish the steps a worker applied (`Stepped`): the LLM judge's scores when the
-        session's grader is the judge, the guard's penalty, then the reward, assembled by
-        `assemble_reward`."""
-        scores = [a.score if isinstance(a, Stepped) else None for a in answers]
-        by_judge: dict[str, list[int]] = {}
-        for n, answer in enumerate(answers):
-            if isinstance(answer, Stepped) and answer.judge is not None:
-                key = answer.judge.cfg.judge.model_dump_json()
-                if key not in self._judges:
-                    self._judges[key] = Judge(answer.judge.cfg.judge)
-                by_judge.setdefault(key, []).append(n)
-
-        async def judge(key: str, todo: list[int]) -> None:
-            judged = await self._judges[key].score_batch([answers[n].judge for n in todo])
-            for n, score in zip(todo, judged, strict=True):
-                scores[n] = score
-
-        if by_judge:
-            await asyncio.gather(*(judge(k, todo) for k, todo in by_judge.items()))
-        for n, ((_, item, session), answer) in enumerate(zip(group, answers, strict=True)):
-            if isinstance(answer, Stepped):
-                penalty = self._penalty(item, session, scores[n])
-                answers[n] = assemble_reward(answer, scores[n], session.reasoning, penalty)
-        return answers
-
-    def _penalty(self, item: StepItem, session: Session, score: TurnScore | None) -> float:
-        """The reasoning guard's penalty (>= 0) on a step's response, judged by the mean of
-        its world-model scores; 0 without a guard, a response or any score."""
-        if score is None or item.response is None or not session.reasoning.guard.enabled:
-            return 0.0
-        graded = [s for s in (score.observation_score, score.prediction_score) if s is not None]
-        if not graded:
-            return 0.0  # nothing graded: nothing a policy could game
-        return self._guard_of(session).penalty(item.response, sum(graded) / len(graded))
 
     def _lookup(self, session_id: str) -> Session | ServiceError:
         session = self.sessions.get(session_id)
