@@ -375,7 +375,6 @@ class WorkerHandle:
         self._died()
 
 
-
 class WorkerPool:
     """The worker processes of one service: `call` sends a batch to a worker, in pieces,
     under the deadline of its environments; a worker that dies (or is killed, stuck) is
@@ -521,7 +520,6 @@ class WorkerPool:
                 return
             except RuntimeError:
                 await asyncio.sleep(0.5 * (attempt + 1))
-
 
 
 def worker_main(

@@ -24,7 +24,7 @@ from .messages import Stepped
 from .models import RewardParts, ServiceError, SessionReply, StepItem
 
 if TYPE_CHECKING:
-    from .service import Session
+    from .sessions import Session
 
 log = logging.getLogger("visenv.service")
 

@@ -39,18 +39,16 @@ memory, never applied twice; concurrent calls on one session are serialised.
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import gc
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence, Sized
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from env_server.reasoning import ReasoningConfig, ResponseGuard
+from env_server.reasoning import ReasoningConfig
 
 from .messages import (
     Close,
@@ -75,48 +73,14 @@ from .models import (
     StepItem,
 )
 from .pool import WorkerHandle, WorkerPool
-from .protocol import check_batch, check_env, unknown_session
+from .protocol import check_batch, check_env, validate
 from .rewards import Rewards, writable
 from .session_ids import Origin
+from .sessions import Session, Sessions, step_key
 from .settings import Settings
 
 M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger("visenv.service")
-
-
-@dataclass
-class Session:
-    id: str
-    env: str
-    worker: WorkerHandle
-    options: SessionOptions
-    reasoning: ReasoningConfig
-    step_index: int = 0
-    last_reply: SessionReply | None = None
-    last_used: float = field(default_factory=time.monotonic)
-    busy: asyncio.Future | None = None  # set while a call on this session is in flight
-    # the guard its responses are counted in: its config's (shared by every session of that
-    # config) or, for a fork, its own copy; None until first needed
-    guard: ResponseGuard | None = None
-    # the body of the last step applied (`_step_key`): a retry must resend the same
-    last_step: tuple | None = None
-
-
-def _step_key(item: StepItem) -> tuple:
-    """What makes two step bodies the same request (a retry), step_index aside."""
-    actions = None
-    if item.actions is not None:
-        actions = tuple((a.name, tuple(a.args), a.payload) for a in item.actions)
-    return item.response, actions, item.image_encoding
-
-
-def _validate(model: type[M], raw: M | Mapping[str, Any] | ServiceError) -> M | ServiceError:
-    if isinstance(raw, model | ServiceError):  # parsed by the adapter (or refused there)
-        return raw
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        return ServiceError.from_validation(exc)
 
 
 class EnvService:
@@ -126,11 +90,9 @@ class EnvService:
         self.settings = settings or Settings()
         self.metrics = Metrics()
         self.origin = Origin.here(self.settings.node_id)  # named in every session id
-        self.sessions: dict[str, Session] = {}
+        self.sessions = Sessions(self.origin, self.settings.lost_memory)
         self.pool = WorkerPool(self.settings, self.metrics, self._on_worker_lost)
         self.env_specs: dict[str, EnvSpec] = {}
-        # ids of sessions that are gone, with the error a later call on them gets
-        self._gone: collections.OrderedDict[str, ServiceError] = collections.OrderedDict()
         self._reaper: asyncio.Task | None = None
         self._started_at = time.monotonic()
         self.rewards = Rewards(self.settings.judge_urls)
@@ -263,7 +225,7 @@ class EnvService:
         results: list[Any] = [None] * len(items)
         planned: dict[WorkerHandle, list[tuple[int, Session]]] = {}
         for pos, raw in enumerate(items):
-            options = _validate(SessionOptions, raw)
+            options = validate(SessionOptions, raw)
             if isinstance(options, ServiceError):
                 results[pos] = options
                 continue
@@ -286,16 +248,7 @@ class EnvService:
             if error is not None:
                 results[pos] = error
                 continue
-            session = Session(
-                id=self.origin.new_id(),
-                env=options.env,
-                worker=worker,
-                options=options,
-                reasoning=reasoning,
-            )
-            session.busy = asyncio.get_running_loop().create_future()
-            self.sessions[session.id] = session  # reserved: counts towards the cap
-            worker.sessions.add(session.id)
+            session = self.sessions.reserve(worker, options, reasoning)
             planned.setdefault(worker, []).append((pos, session))
 
         async def run(worker: WorkerHandle, group: list[tuple[int, Session]]) -> None:
@@ -307,8 +260,8 @@ class EnvService:
                     session.last_reply, results[pos] = writable(answer)
                     self.metrics.resets.labels(session.env).inc()
                 else:
-                    self._forget(session)
-                self._release(session)
+                    self.sessions.forget(session)
+                self.sessions.release(session)
 
         # shielded: a caller that gives up (client gone) must not leave a step applied in
         # the worker but unrecorded here (the step_index would drift)
@@ -348,7 +301,7 @@ class EnvService:
             if item.step_index == session.step_index:
                 return None  # apply it
             if item.step_index == session.step_index - 1 and session.last_reply is not None:
-                if session.last_step is not None and _step_key(item) != session.last_step:
+                if session.last_step is not None and step_key(item) != session.last_step:
                     return ServiceError(
                         "INVALID_ARGUMENT",
                         f"step_index {item.step_index} of {session.id} was already applied with "
@@ -370,10 +323,12 @@ class EnvService:
         def applied(item: StepItem, session: Session, reply: SessionReply) -> None:
             session.step_index += 1
             session.last_reply = reply
-            session.last_step = _step_key(item)
+            session.last_step = step_key(item)
             self.metrics.steps.labels(session.env).inc()
 
-        results = await self._session_call(StepItem, items, message, applied, precheck, self.rewards.grade)
+        results = await self._session_call(
+            StepItem, items, message, applied, precheck, self.rewards.grade
+        )
         self.metrics.step_seconds.observe(time.perf_counter() - started)
         return results
 
@@ -382,7 +337,7 @@ class EnvService:
         self._check_batch(session_ids, "session_ids")
         results: list[SessionReply | ServiceError] = []
         for session_id in session_ids:
-            session = self._lookup(session_id)
+            session = self.sessions.lookup(session_id)
             if isinstance(session, Session):
                 if session.busy is not None:
                     await asyncio.shield(session.busy)
@@ -400,12 +355,12 @@ class EnvService:
         results: list[Any] = [None] * len(session_ids)
         planned: dict[WorkerHandle, list[tuple[int, Session]]] = {}
         for pos, session_id in enumerate(session_ids):
-            session = self._lookup(session_id)
+            session = self.sessions.lookup(session_id)
             if isinstance(session, ServiceError):
                 results[pos] = session
                 continue
             closed = ServiceError("NOT_FOUND", f"session {session_id} was closed", "session_id")
-            self._forget(session, closed)
+            self.sessions.forget(session, closed)
             planned.setdefault(session.worker, []).append((pos, session))
 
         async def run(worker: WorkerHandle, group: list[tuple[int, Session]]) -> None:
@@ -443,11 +398,11 @@ class EnvService:
         targets: list[tuple[int, ForkItem, Session]] = []
         seen: set[str] = set()
         for pos, raw in enumerate(items):
-            item = _validate(ForkItem, raw)
+            item = validate(ForkItem, raw)
             if isinstance(item, ServiceError):
                 results[pos] = item
                 continue
-            source = self._lookup(item.session_id)
+            source = self.sessions.lookup(item.session_id)
             if isinstance(source, ServiceError):
                 results[pos] = source
             elif source.id in seen:
@@ -466,7 +421,7 @@ class EnvService:
         planned: dict[WorkerHandle, list[tuple[int, Session, list[Session]]]] = {}
         for pos, item, source in targets:
             if self.sessions.get(source.id) is not source or source.last_reply is None:
-                results[pos] = self._lookup(source.id)
+                results[pos] = self.sessions.lookup(source.id)
                 continue
             source.last_used = time.monotonic()
             room = self.settings.max_sessions - len(self.sessions)
@@ -482,18 +437,13 @@ class EnvService:
             source.busy = loop.create_future()
             forks = []
             for _ in range(item.n):
-                fork = Session(
-                    id=self.origin.new_id(),
-                    env=source.env,
-                    worker=source.worker,
-                    options=source.options,
-                    reasoning=source.reasoning,
+                fork = self.sessions.reserve(
+                    source.worker,
+                    source.options,
+                    source.reasoning,
                     step_index=source.step_index,
                     last_step=source.last_step,
-                    busy=loop.create_future(),
                 )
-                self.sessions[fork.id] = fork  # reserved: counts towards the cap
-                source.worker.sessions.add(fork.id)
                 forks.append(fork)
             planned.setdefault(source.worker, []).append((pos, source, forks))
 
@@ -506,13 +456,13 @@ class EnvService:
                     if isinstance(answer, ServiceError):
                         results[pos] = answer
                         for fork in forks:
-                            self._forget(fork)
+                            self.sessions.forget(fork)
                         continue
                     results[pos] = [self._forked(source, fork, answer) for fork in forks]
             finally:
                 for _, source, forks in group:
                     for session in (source, *forks):
-                        self._release(session)
+                        self.sessions.release(session)
 
         # shielded: sessions the worker made must be recorded here even if the caller leaves
         await asyncio.shield(asyncio.gather(*(run(w, g) for w, g in planned.items())))
@@ -534,7 +484,7 @@ class EnvService:
 
     async def frame(self, session_id: str) -> bytes:
         await self.wait_started()
-        session = self._lookup(session_id)
+        session = self.sessions.lookup(session_id)
         if isinstance(session, ServiceError):
             raise session
         session.last_used = time.monotonic()
@@ -591,11 +541,11 @@ class EnvService:
         targets: list[tuple[int, Any, Session]] = []
         seen: set[str] = set()
         for pos, raw in enumerate(items):
-            item = _validate(model, raw)
+            item = validate(model, raw)
             if isinstance(item, ServiceError):
                 results[pos] = item
                 continue
-            session = self._lookup(item.session_id)
+            session = self.sessions.lookup(item.session_id)
             if isinstance(session, ServiceError):
                 results[pos] = session
             elif session.id in seen:
@@ -615,7 +565,7 @@ class EnvService:
         loop = asyncio.get_running_loop()
         for pos, item, session in targets:
             if self.sessions.get(session.id) is not session:  # closed or lost meanwhile
-                results[pos] = self._lookup(session.id)
+                results[pos] = self.sessions.lookup(session.id)
                 continue
             session.last_used = time.monotonic()
             early = precheck(item, session) if precheck is not None else None
@@ -639,7 +589,7 @@ class EnvService:
                         applied(item, session, stored)
                     elif isinstance(answer, ServiceError) and answer.code == "INTERNAL":
                         # the worker dropped it (its env is in an unknown state): so do we
-                        self._forget(session, ServiceError(
+                        self.sessions.forget(session, ServiceError(
                             "SESSION_LOST",
                             f"session {session.id} ended on internal error {answer.error_id}; "
                             "create a new session",
@@ -647,43 +597,12 @@ class EnvService:
                         self.metrics.sessions.set(len(self.sessions))
             finally:
                 for _, _, session in group:
-                    self._release(session)
+                    self.sessions.release(session)
 
         # shielded: a caller that gives up (client gone) must not leave a step applied in
         # the worker but unrecorded here (the step_index would drift)
         await asyncio.shield(asyncio.gather(*(run(w, g) for w, g in planned.items())))
         return self._count_errors(results)
-
-    def _lookup(self, session_id: str) -> Session | ServiceError:
-        session = self.sessions.get(session_id)
-        if session is not None:
-            return session
-        gone = self._gone.get(session_id)
-        if gone is not None:
-            return gone
-        return unknown_session(session_id)
-
-    def _forget(self, session: Session, reason: ServiceError | None = None) -> None:
-        if self.sessions.get(session.id) is session:
-            del self.sessions[session.id]
-        session.worker.sessions.discard(session.id)
-        if reason is not None:
-            self._remember(session.id, reason)
-
-    def _remember(self, session_id: str, reason: ServiceError) -> None:
-        """What a later call on a session that is gone answers; the `lost_memory` latest."""
-        if self.settings.lost_memory <= 0:
-            return
-        self._gone[session_id] = reason
-        self._gone.move_to_end(session_id)
-        while len(self._gone) > self.settings.lost_memory:
-            self._gone.popitem(last=False)
-
-    @staticmethod
-    def _release(session: Session) -> None:
-        if session.busy is not None and not session.busy.done():
-            session.busy.set_result(None)
-        session.busy = None
 
     def _count_errors(self, results: Iterable[Any]) -> list:
         results = list(results)
@@ -701,7 +620,7 @@ class EnvService:
         for session_id in list(handle.sessions):
             session = self.sessions.get(session_id)
             if session is not None:
-                self._forget(session, lost)
+                self.sessions.forget(session, lost)
         self.metrics.sessions.set(len(self.sessions))
 
     async def _reap_loop(self) -> None:
@@ -713,8 +632,7 @@ class EnvService:
 
     async def reap_idle(self, timeout: float) -> list[str]:
         """Close the sessions idle for longer than `timeout` seconds; their ids."""
-        deadline = time.monotonic() - timeout
-        idle = [s for s in self.sessions.values() if s.busy is None and s.last_used < deadline]
+        idle = self.sessions.idle(timeout)
         if not idle:
             return []
         ids = [s.id for s in idle]
@@ -722,7 +640,7 @@ class EnvService:
         for start in range(0, len(ids), limit):
             await self.close(ids[start : start + limit])
         for session_id in ids:
-            self._remember(
+            self.sessions.remember(
                 session_id,
                 ServiceError(
                     "NOT_FOUND", f"session {session_id} was closed after {timeout:g} s idle"
