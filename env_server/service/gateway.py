@@ -36,10 +36,9 @@ import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from prometheus_client import Gauge
-from pydantic import BaseModel
 
 from visenv import wire
 
@@ -58,7 +57,6 @@ from .session_ids import NODE_PATTERN, Origin, origin_of
 from .upstream import Upstream, UpstreamDown
 
 Result = SessionReply | ServiceError
-M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger("visenv.gateway")
 HEALTH_PROBE_SECONDS = 2.0  # how long /health waits for the upstreams' own figures
 

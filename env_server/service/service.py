@@ -43,10 +43,11 @@ import dataclasses
 import gc
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence, Sized
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence, Sized
+from dataclasses import dataclass, field
+from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from env_server.reasoning import ReasoningConfig
 
@@ -57,6 +58,7 @@ from .messages import (
     Forked,
     Frame,
     ListEnv,
+    Message,
     Reset,
     Step,
 )
@@ -79,8 +81,28 @@ from .session_ids import Origin
 from .sessions import Session, Sessions, step_key
 from .settings import Settings
 
-M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger("visenv.service")
+
+
+@dataclass
+class _Call:
+    """What one kind of call on sessions does on the one path (`EnvService._per_session`)."""
+
+    model: type  # what an item is validated as (str: a session id)
+    message: Callable[[Any, Session], Message]  # the worker message of an item
+    # record a reply the worker answered (the session keeps `writable`'s copy)
+    applied: Callable[[Any, Session, SessionReply], None] | None
+    # the item's session (None: looked up by item.session_id); create makes one
+    find: Callable[[Any], Session | ServiceError | None] = lambda item: None
+    # once no call is in flight on the session: an answer without the worker, or None
+    admit: Callable[[Any, Session], Any] | None = None
+    # the caller's result for any other answer (default: `EnvService._failed`)
+    otherwise: Callable[[Any, Session, Any], Any] | None = None
+    post: Callable[[list, list], Awaitable[list]] | None = None  # e.g. grading steps
+    # sessions reserved with an item's session (by its id), busy and released with it
+    held: Mapping[str, list[Session]] = field(default_factory=dict)
+    twice: str = "appears twice in one batch"  # the error of an id given twice
+    closes: bool = False  # close: `find` forgets the session (it is not live after the wait)
 
 
 class EnvService:
@@ -220,15 +242,8 @@ class EnvService:
     async def create(
         self, items: Sequence[SessionOptions | Mapping[str, Any]]
     ) -> list[SessionReply | ServiceError]:
-        self._check_batch(items)
-        await self.wait_started()
-        results: list[Any] = [None] * len(items)
-        planned: dict[WorkerHandle, list[tuple[int, Session]]] = {}
-        for pos, raw in enumerate(items):
-            options = validate(SessionOptions, raw)
-            if isinstance(options, ServiceError):
-                results[pos] = options
-                continue
+        def find(options: SessionOptions) -> Session | ServiceError:
+            """A new session for the options, reserved on the least-loaded worker."""
             error = check_env(self.env_specs, options.env)
             try:
                 reasoning = ReasoningConfig.model_validate(options.reasoning)
@@ -245,43 +260,40 @@ class EnvService:
             worker = self.pool.pick() if error is None else None
             if error is None and worker is None:
                 error = ServiceError("UNAVAILABLE", "no worker process is running; retry shortly")
-            if error is not None:
-                results[pos] = error
-                continue
-            session = self.sessions.reserve(worker, options, reasoning)
-            planned.setdefault(worker, []).append((pos, session))
+            return error or self.sessions.reserve(worker, options, reasoning)
 
-        async def run(worker: WorkerHandle, group: list[tuple[int, Session]]) -> None:
-            batch = [Create(s.id, s.options, s.reasoning) for _, s in group]
-            answers = await self.pool.call(worker, batch, [s.env for _, s in group])
-            for (pos, session), answer in zip(group, answers, strict=True):
-                results[pos] = answer
-                if isinstance(answer, SessionReply):
-                    session.last_reply, results[pos] = writable(answer)
-                    self.metrics.resets.labels(session.env).inc()
-                else:
-                    self.sessions.forget(session)
-                self.sessions.release(session)
+        def applied(options: SessionOptions, session: Session, reply: SessionReply) -> None:
+            session.last_reply = reply
+            self.metrics.resets.labels(session.env).inc()
 
-        # shielded: a caller that gives up (client gone) must not leave a step applied in
-        # the worker but unrecorded here (the step_index would drift)
-        await asyncio.shield(asyncio.gather(*(run(w, g) for w, g in planned.items())))
-        self.metrics.sessions.set(len(self.sessions))
-        return self._count_errors(results)
+        def otherwise(options: SessionOptions, session: Session, answer: Any) -> Any:
+            self.sessions.forget(session)  # the worker made none
+            return answer
+
+        call = _Call(
+            SessionOptions,
+            lambda options, session: Create(session.id, session.options, session.reasoning),
+            applied,
+            find=find,
+            otherwise=otherwise,
+        )
+        return await self._per_session(items, call)
 
     async def reset(
         self, items: Sequence[ResetItem | Mapping[str, Any]]
     ) -> list[SessionReply | ServiceError]:
-        def message(item: ResetItem, session: Session) -> Reset:
-            return Reset(session.id, item.seed, item.image_encoding)
-
         def applied(item: ResetItem, session: Session, reply: SessionReply) -> None:
             session.step_index = 0
             session.last_reply = reply
             session.last_step = None
             self.metrics.resets.labels(session.env).inc()
 
-        return await self._session_call(ResetItem, items, message, applied)
+        call = _Call(
+            ResetItem,
+            lambda item, session: Reset(session.id, item.seed, item.image_encoding),
+            applied,
+        )
+        return await self._per_session(items, call)
 
     async def step(
         self, items: Sequence[StepItem | Mapping[str, Any]]
@@ -290,7 +302,7 @@ class EnvService:
 
         most = self.settings.max_actions_per_step
 
-        def precheck(item: StepItem, session: Session) -> SessionReply | ServiceError | None:
+        def admit(item: StepItem, session: Session) -> SessionReply | ServiceError | None:
             if item.actions is not None and len(item.actions) > most:
                 return ServiceError(
                     "INVALID_ARGUMENT",
@@ -317,18 +329,22 @@ class EnvService:
                 "step_index",
             )
 
-        def message(item: StepItem, session: Session) -> Step:
-            return Step(session.id, item.response, item.actions, item.image_encoding)
-
         def applied(item: StepItem, session: Session, reply: SessionReply) -> None:
             session.step_index += 1
             session.last_reply = reply
             session.last_step = step_key(item)
             self.metrics.steps.labels(session.env).inc()
 
-        results = await self._session_call(
-            StepItem, items, message, applied, precheck, self.rewards.grade
+        call = _Call(
+            StepItem,
+            lambda item, session: Step(
+                session.id, item.response, item.actions, item.image_encoding
+            ),
+            applied,
+            admit=admit,
+            post=self.rewards.grade,
         )
+        results = await self._per_session(items, call)
         self.metrics.step_seconds.observe(time.perf_counter() - started)
         return results
 
@@ -350,32 +366,31 @@ class EnvService:
         return self._count_errors(results)
 
     async def close(self, session_ids: Sequence[str]) -> list[ServiceError | None]:
-        await self.wait_started()
-        self._check_batch(session_ids, "session_ids")
-        results: list[Any] = [None] * len(session_ids)
-        planned: dict[WorkerHandle, list[tuple[int, Session]]] = {}
-        for pos, session_id in enumerate(session_ids):
+        """A close forgets the session at once (a later call on it, or its id again in
+        this batch, gets NOT_FOUND: closed), then the worker closes its environment after
+        any call in flight on it."""
+
+        def find(session_id: str) -> Session | ServiceError:
             session = self.sessions.lookup(session_id)
-            if isinstance(session, ServiceError):
-                results[pos] = session
-                continue
-            closed = ServiceError("NOT_FOUND", f"session {session_id} was closed", "session_id")
-            self.sessions.forget(session, closed)
-            planned.setdefault(session.worker, []).append((pos, session))
+            if isinstance(session, Session):
+                closed = ServiceError("NOT_FOUND", f"session {session_id} was closed", "session_id")
+                self.sessions.forget(session, closed)
+            return session
 
-        async def run(worker: WorkerHandle, group: list[tuple[int, Session]]) -> None:
-            batch, envs = [Close(s.id) for _, s in group], [s.env for _, s in group]
-            answers = await self.pool.call(worker, batch, envs)
-            for (pos, _), answer in zip(group, answers, strict=True):
-                # SESSION_LOST: the environment went with its worker, closed all the same
-                lost = isinstance(answer, ServiceError) and answer.code == "SESSION_LOST"
-                results[pos] = None if lost else answer
+        def otherwise(session_id: str, session: Session, answer: Any) -> Any:
+            # SESSION_LOST: the environment went with its worker, closed all the same
+            lost = isinstance(answer, ServiceError) and answer.code == "SESSION_LOST"
+            return None if lost else answer
 
-        # shielded: a caller that gives up (client gone) must not leave a step applied in
-        # the worker but unrecorded here (the step_index would drift)
-        await asyncio.shield(asyncio.gather(*(run(w, g) for w, g in planned.items())))
-        self.metrics.sessions.set(len(self.sessions))
-        return self._count_errors(results)
+        call = _Call(
+            str,
+            lambda _, session: Close(session.id),
+            None,
+            find=find,
+            otherwise=otherwise,
+            closes=True,
+        )
+        return await self._per_session(session_ids, call)
 
     async def fork(
         self, items: Sequence[ForkItem | Mapping[str, Any]]
@@ -392,82 +407,52 @@ class EnvService:
         info["fork"] = {source, exact, tolerance}), or one error: CAPACITY when n more
         sessions don't fit under the cap, FAILED_PRECONDITION when the env can't snapshot.
         """
-        await self.wait_started()
-        self._check_batch(items)
-        results: list[Any] = [None] * len(items)
-        targets: list[tuple[int, ForkItem, Session]] = []
-        seen: set[str] = set()
-        for pos, raw in enumerate(items):
-            item = validate(ForkItem, raw)
-            if isinstance(item, ServiceError):
-                results[pos] = item
-                continue
-            source = self.sessions.lookup(item.session_id)
-            if isinstance(source, ServiceError):
-                results[pos] = source
-            elif source.id in seen:
-                results[pos] = ServiceError(
-                    "INVALID_ARGUMENT",
-                    f"session {source.id} appears twice in one fork batch; ask for n forks once",
-                    "session_id",
-                )
-            else:
-                seen.add(source.id)
-                targets.append((pos, item, source))
+        forks: dict[str, list[Session]] = {}  # by source id: the sessions reserved for it
 
-        while busy := [s.busy for _, _, s in targets if s.busy is not None]:
-            await asyncio.wait(busy)
-        loop = asyncio.get_running_loop()
-        planned: dict[WorkerHandle, list[tuple[int, Session, list[Session]]]] = {}
-        for pos, item, source in targets:
-            if self.sessions.get(source.id) is not source or source.last_reply is None:
-                results[pos] = self.sessions.lookup(source.id)
-                continue
-            source.last_used = time.monotonic()
+        def admit(item: ForkItem, source: Session) -> ServiceError | None:
+            if source.last_reply is None:
+                return ServiceError("SESSION_LOST", f"session {source.id} is gone")
             room = self.settings.max_sessions - len(self.sessions)
             if item.n > room:
-                results[pos] = ServiceError(
+                return ServiceError(
                     "CAPACITY",
                     f"forking {source.id} {item.n} times needs {item.n} sessions, but the "
                     f"server has room for {max(room, 0)} under its cap of "
                     f"{self.settings.max_sessions}; close some or ask for fewer",
                     "n",
                 )
-                continue
-            source.busy = loop.create_future()
-            forks = []
-            for _ in range(item.n):
-                fork = self.sessions.reserve(
+            forks[source.id] = [
+                self.sessions.reserve(
                     source.worker,
                     source.options,
                     source.reasoning,
                     step_index=source.step_index,
                     last_step=source.last_step,
                 )
-                forks.append(fork)
-            planned.setdefault(source.worker, []).append((pos, source, forks))
+                for _ in range(item.n)
+            ]
+            return None
 
-        async def run(worker: WorkerHandle, group: list[tuple[int, Session, list[Session]]]):
-            try:
-                batch = [Fork(source.id, tuple(f.id for f in forks)) for _, source, forks in group]
-                envs = [source.env for _, source, _ in group]
-                answers = await self.pool.call(worker, batch, envs)
-                for (pos, source, forks), answer in zip(group, answers, strict=True):
-                    if isinstance(answer, ServiceError):
-                        results[pos] = answer
-                        for fork in forks:
-                            self.sessions.forget(fork)
-                        continue
-                    results[pos] = [self._forked(source, fork, answer) for fork in forks]
-            finally:
-                for _, source, forks in group:
-                    for session in (source, *forks):
-                        self.sessions.release(session)
+        def message(item: ForkItem, source: Session) -> Fork:
+            return Fork(source.id, tuple(f.id for f in forks[source.id]))
 
-        # shielded: sessions the worker made must be recorded here even if the caller leaves
-        await asyncio.shield(asyncio.gather(*(run(w, g) for w, g in planned.items())))
-        self.metrics.sessions.set(len(self.sessions))
-        return self._count_errors(results)
+        def otherwise(item: ForkItem, source: Session, answer: Any) -> Any:
+            if isinstance(answer, ServiceError):
+                for fork in forks[source.id]:
+                    self.sessions.forget(fork)
+                return answer
+            return [self._forked(source, fork, answer) for fork in forks[source.id]]
+
+        call = _Call(
+            ForkItem,
+            message,
+            None,
+            admit=admit,
+            otherwise=otherwise,
+            held=forks,
+            twice="appears twice in one fork batch; ask for n forks once",
+        )
+        return await self._per_session(items, call)
 
     def _forked(self, source: Session, fork: Session, answer: Forked) -> SessionReply:
         """Record a fork the worker made; its reply."""
@@ -531,27 +516,28 @@ class EnvService:
         }
 
     # ---- internals ------------------------------------------------------------------
-    async def _session_call(self, model, items, message, applied, precheck=None, post=None):
-        """Validate, serialise per session, route one message per worker, record.
-
-        `message(item, session)`: the worker message of an item."""
+    async def _per_session(self, items: Sequence[Any], call: _Call) -> list:
+        """The one path of every call on sessions (create, reset, step, close, fork):
+        validate each item and find its session; wait for the calls in flight on those
+        sessions (calls on one session are serialised), then mark them busy; send one
+        message per worker with its items and record the answers (`_Call` says what each
+        kind of call does at each point)."""
+        self._check_batch(items, "items" if call.model is not str else "session_ids")
         await self.wait_started()
-        self._check_batch(items)
         results: list[Any] = [None] * len(items)
         targets: list[tuple[int, Any, Session]] = []
         seen: set[str] = set()
         for pos, raw in enumerate(items):
-            item = validate(model, raw)
-            if isinstance(item, ServiceError):
-                results[pos] = item
-                continue
-            session = self.sessions.lookup(item.session_id)
+            item = raw if call.model is str else validate(call.model, raw)
+            session = item if isinstance(item, ServiceError) else call.find(item)
+            if session is None:
+                session = self.sessions.lookup(item.session_id)
             if isinstance(session, ServiceError):
                 results[pos] = session
             elif session.id in seen:
                 results[pos] = ServiceError(
                     "INVALID_ARGUMENT",
-                    f"session {session.id} appears twice in one batch",
+                    f"session {session.id} {call.twice}",
                     "session_id",
                 )
             else:
@@ -564,45 +550,54 @@ class EnvService:
         planned: dict[WorkerHandle, list[tuple[int, Any, Session]]] = {}
         loop = asyncio.get_running_loop()
         for pos, item, session in targets:
-            if self.sessions.get(session.id) is not session:  # closed or lost meanwhile
-                results[pos] = self.sessions.lookup(session.id)
+            if self.sessions.get(session.id) is not session and not call.closes:
+                results[pos] = self.sessions.lookup(session.id)  # closed or lost meanwhile
                 continue
             session.last_used = time.monotonic()
-            early = precheck(item, session) if precheck is not None else None
+            early = call.admit(item, session) if call.admit is not None else None
             if early is not None:
                 results[pos] = early
                 continue
-            session.busy = loop.create_future()
+            for held in (session, *call.held.get(session.id, ())):
+                held.busy = loop.create_future()
             planned.setdefault(session.worker, []).append((pos, item, session))
 
         async def run(worker: WorkerHandle, group: list[tuple[int, Any, Session]]) -> None:
             try:
                 answers = await self.pool.call(
-                    worker, [message(i, s) for _, i, s in group], [s.env for _, _, s in group]
+                    worker, [call.message(i, s) for _, i, s in group], [s.env for _, _, s in group]
                 )
-                if post is not None:
-                    answers = await post(group, answers)
+                if call.post is not None:
+                    answers = await call.post(group, answers)
                 for (pos, item, session), answer in zip(group, answers, strict=True):
-                    results[pos] = answer
-                    if isinstance(answer, SessionReply):
+                    if call.applied is not None and isinstance(answer, SessionReply):
                         stored, results[pos] = writable(answer)
-                        applied(item, session, stored)
-                    elif isinstance(answer, ServiceError) and answer.code == "INTERNAL":
-                        # the worker dropped it (its env is in an unknown state): so do we
-                        self.sessions.forget(session, ServiceError(
-                            "SESSION_LOST",
-                            f"session {session.id} ended on internal error {answer.error_id}; "
-                            "create a new session",
-                        ))  # fmt: skip
-                        self.metrics.sessions.set(len(self.sessions))
+                        call.applied(item, session, stored)
+                    elif call.otherwise is not None:
+                        results[pos] = call.otherwise(item, session, answer)
+                    else:
+                        results[pos] = self._failed(session, answer)
             finally:
                 for _, _, session in group:
-                    self.sessions.release(session)
+                    for held in (session, *call.held.get(session.id, ())):
+                        self.sessions.release(held)
 
-        # shielded: a caller that gives up (client gone) must not leave a step applied in
-        # the worker but unrecorded here (the step_index would drift)
+        # shielded: a caller that gives up (client gone) must not leave a call applied in
+        # the worker but unrecorded here (a step_index would drift, a session be unknown)
         await asyncio.shield(asyncio.gather(*(run(w, g) for w, g in planned.items())))
+        self.metrics.sessions.set(len(self.sessions))
         return self._count_errors(results)
+
+    def _failed(self, session: Session, answer: Any) -> Any:
+        """A reset's or step's answer other than a reply: an INTERNAL error means the
+        worker dropped the session (its env is in an unknown state), so do we."""
+        if isinstance(answer, ServiceError) and answer.code == "INTERNAL":
+            self.sessions.forget(session, ServiceError(
+                "SESSION_LOST",
+                f"session {session.id} ended on internal error {answer.error_id}; "
+                "create a new session",
+            ))  # fmt: skip
+        return answer
 
     def _count_errors(self, results: Iterable[Any]) -> list:
         results = list(results)

@@ -61,15 +61,14 @@ class Sessions(dict[str, Session]):
     def reserve(
         self, worker: WorkerHandle, options: SessionOptions, reasoning: ReasoningConfig, **state
     ) -> Session:
-        """A new session on `worker`, busy until its worker made it (then `release` it),
-        counted towards the cap from now on."""
+        """A new session on `worker`, counted towards the cap from now on (the call that
+        makes it marks it busy until its worker did)."""
         session = Session(
             id=self.origin.new_id(),
             env=options.env,
             worker=worker,
             options=options,
             reasoning=reasoning,
-            busy=asyncio.get_running_loop().create_future(),
             **state,
         )
         self[session.id] = session
