@@ -23,17 +23,24 @@ it is, in its place). Single-session calls are batches of one. `ServiceError(cod
 message, field)` carries the wire error codes of docs/wire.md; `error.http_status` gives
 the HTTP status.
 
-How it works: environments live in worker processes (`worker.py`; the processes, the
-pipe to them and its batching are `pool.py`), sessions are pinned to the least-loaded
-worker at creation, and this (API) process only routes:
-one batch call sends ONE message per worker holding all its items (the typed messages
-of `messages.py`) and awaits the workers concurrently. A step's reward is assembled
-in this process (`rewards.py`): from what the worker measured, the LLM judge's scores
-and the reasoning guard's penalty (judges and guards live here). A worker that dies takes only its own sessions (they answer
-SESSION_LOST, also for calls in flight) and is replaced. Sessions have server-made
-ids (naming this server: session_ids.py), an idle timeout (a reaper task), a cap (CAPACITY), and a
-`step_index` retry cache: a step repeated with the previous index is answered from
-memory, never applied twice; concurrent calls on one session are serialised.
+How it works: environments live in worker processes; this (API) process only routes.
+`EnvService` coordinates three parts, one module each:
+
+- `pool.py`, the worker pool: the processes (`worker.py` runs in each), both ends of the
+  pipe, batching (one batch call sends ONE message per worker holding all its items, the
+  typed messages of `messages.py`, and awaits the workers concurrently), deadlines, and
+  restarts: a worker that dies takes only its own sessions (they answer SESSION_LOST,
+  also for calls in flight) and is replaced;
+- `sessions.py`, the sessions: server-made ids (naming this server: session_ids.py),
+  pinned to the least-loaded worker at creation, with a cap (CAPACITY), an idle timeout
+  (a reaper task here) and the memory of the sessions that are gone;
+- `rewards.py`: a step's reward, assembled in this process from what the worker
+  measured, the LLM judge's scores and the reasoning guard's penalty.
+
+Every call on sessions (create, reset, step, close, fork) takes one path,
+`_per_session`: a `step_index` retry cache answers a step repeated with the previous
+index from memory (never applied twice), and concurrent calls on one session are
+serialised.
 """
 
 from __future__ import annotations
