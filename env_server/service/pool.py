@@ -134,7 +134,7 @@ class WorkerHandle:
         self._read_task: asyncio.Task | None = None
         self._stopping = False
         self.killed = False
-        self.on_death: Any = None  # callable(WorkerHandle), set by the service
+        self.on_death: Any = None  # callable(WorkerHandle), set by the pool
 
     async def start(self, timeout: float = 60.0) -> None:
         parent, child = self.ctx.Pipe(duplex=True)
