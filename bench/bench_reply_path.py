@@ -7,8 +7,8 @@ process of its own, then what that checkout's API process does with each batch's
 - worker: `Worker.handle` of a batch of 64 steps (and the resets of finished sessions),
   then pickling the answer for the pipe (what a worker process spends per reply);
 - unpickle: loading a batch's answer from the pipe's bytes in the API process;
-- assemble: the reward assembly (`service.assemble_reward`) and the check that the
-  reply can be written (`service.writable`, where the checkout has it);
+- assemble: the reward assembly (`rewards.assemble_reward`; `service.` before the split) and the check that the
+  reply can be written (`rewards.writable`, where the checkout has it);
 - gRPC: `wire.batch_to_proto` of the 64 replies and the message's serialization;
 - REST: the batch reply's JSON body as the REST API writes it (Starlette's JSONResponse).
 
@@ -42,7 +42,10 @@ def drive(warmup: int, steps: int, repeat: int) -> None:
     import bench_transport as bt
 
     from env_server.reasoning import ReasoningConfig
-    from env_server.service import service
+    try:  # where the reward is assembled: its own module since the service split
+        from env_server.service import rewards as service
+    except ImportError:
+        from env_server.service import service
     from env_server.service.messages import Create, Reset, Step, Stepped
     from env_server.service.worker import Worker
     from visenv import wire

@@ -1,4 +1,4 @@
-"""Sessions, worker processes, limits, idle reaping and metrics (see service.py)."""
+"""The session service (see service.py, which coordinates sessions.py, pool.py and rewards.py)."""
 
 from .models import (
     EnvSpec,

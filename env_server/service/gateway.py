@@ -36,10 +36,9 @@ import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from prometheus_client import Gauge
-from pydantic import BaseModel, ValidationError
 
 from visenv import wire
 
@@ -53,24 +52,13 @@ from .models import (
     SessionReply,
     StepItem,
 )
-from .protocol import check_batch, check_env, unknown_session
+from .protocol import check_batch, check_env, unknown_session, validate
 from .session_ids import NODE_PATTERN, Origin, origin_of
 from .upstream import Upstream, UpstreamDown
 
 Result = SessionReply | ServiceError
-M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger("visenv.gateway")
 HEALTH_PROBE_SECONDS = 2.0  # how long /health waits for the upstreams' own figures
-
-
-def _validate(model: type[M], item: Any) -> M | ServiceError:
-    """An item as the model, or its error naming the field as `EnvService` does."""
-    if isinstance(item, model | ServiceError):  # parsed by the adapter (or refused there)
-        return item
-    try:
-        return model.model_validate(item)
-    except ValidationError as exc:
-        return ServiceError.from_validation(exc)
 
 
 @dataclass(eq=False)
@@ -391,7 +379,7 @@ class GatewayService:
         self._check_batch(items)
         routed: list[tuple[_Server | ServiceError, Any]] = []
         for item in items:
-            options = _validate(SessionOptions, item)
+            options = validate(SessionOptions, item)
             if isinstance(options, ServiceError):
                 routed.append((options, None))
                 continue
@@ -409,7 +397,7 @@ class GatewayService:
         self._check_batch(items)
         routed: list[tuple[_Server | ServiceError, Any]] = []
         for item in items:
-            req = _validate(ResetItem, item)
+            req = validate(ResetItem, item)
             if isinstance(req, ServiceError):
                 routed.append((req, None))
             else:
@@ -421,7 +409,7 @@ class GatewayService:
         self._check_batch(items)
         routed: list[tuple[_Server | ServiceError, Any]] = []
         for item in items:
-            req = _validate(StepItem, item)
+            req = validate(StepItem, item)
             if isinstance(req, ServiceError):
                 routed.append((req, None))
                 continue
@@ -451,7 +439,7 @@ class GatewayService:
         self._check_batch(items)
         routed: list[tuple[_Server | ServiceError, Any]] = []
         for item in items:
-            req = _validate(ForkItem, item)
+            req = validate(ForkItem, item)
             if isinstance(req, ServiceError):
                 routed.append((req, None))
             else:

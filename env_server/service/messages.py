@@ -165,7 +165,7 @@ class Stepped:
     JSON text by the worker, `wire.JSONText`, unless they hold a non-finite number or
     `info` a score key); the API process fills in `reward`, `reward_parts` and the score
     keys of `info` (`SCORE_KEYS`) in one place
-    (`service.assemble_reward`), from `env_reward`, the turn's reasoning score (`score`,
+    (`rewards.assemble_reward`), from `env_reward`, the turn's reasoning score (`score`,
     rule-based; None for manual play, or replaced by the LLM judge's when `judge` is set)
     and the reward-hacking guard's penalty, which only the API process knows.
     """

@@ -8,14 +8,16 @@ by the service, one by one, so a bad item gets its own INVALID_ARGUMENT naming t
 answered with its reply or its `ServiceError`. A whole call is refused by raising a
 `ServiceError` (e.g. more items than `max_batch_items`).
 
-Also here, the rules every implementation answers with the same words: `check_env` (an
-environment name) and `check_batch` (a call's number of items).
+Also here, the rules every implementation answers with the same words: `validate` (an
+item), `check_env` (an environment name) and `check_batch` (a call's number of items).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Sized
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from pydantic import BaseModel, ValidationError
 
 from .metrics import Metrics
 from .models import (
@@ -29,6 +31,7 @@ from .models import (
 )
 
 Result = SessionReply | ServiceError
+M = TypeVar("M", bound=BaseModel)
 
 
 @runtime_checkable
@@ -66,6 +69,17 @@ class SessionService(Protocol):
         """PNG of the latest image the session showed; raises its `ServiceError`."""
 
     async def health(self) -> dict[str, Any]: ...
+
+
+def validate(model: type[M], item: M | Mapping[str, Any] | ServiceError) -> M | ServiceError:
+    """An item as the model, or its INVALID_ARGUMENT naming the field; an item the
+    adapter parsed (or refused: its ServiceError) as it is."""
+    if isinstance(item, model | ServiceError):
+        return item
+    try:
+        return model.model_validate(item)
+    except ValidationError as exc:
+        return ServiceError.from_validation(exc)
 
 
 def check_env(env_specs: Mapping[str, EnvSpec], name: str) -> ServiceError | None:

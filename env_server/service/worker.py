@@ -1,7 +1,8 @@
 """The worker process: holds environments, parses, steps, grades and encodes.
 
 The API process sends one message per batch call (all the items of this worker) over
-a pipe and gets one message back: a list of answers in the same order. The messages,
+a pipe (both ends: `pool.py`, whose `worker_main` runs a `Worker` in each worker process)
+and gets one message back: a list of answers in the same order. The messages,
 their answers and the envelope are the worker protocol of `messages.py`; `Worker.handle`
 answers a batch, dispatching each message on its type. Before its first answer a worker
 says `Ready`, then pre-warms the heavy environments it was given (see `Worker.prewarm`)
@@ -12,17 +13,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import gc
 import json
 import logging
 import os
-import pickle
-import signal
 import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
@@ -58,12 +55,9 @@ from .messages import (
     Frame,
     ListEnv,
     Message,
-    Ready,
     Reset,
     Step,
     Stepped,
-    Stop,
-    Warmed,
 )
 from .models import EnvSpec, RewardParts, ServiceError, SessionReply
 
@@ -394,7 +388,7 @@ class Worker:
         info: dict[str, Any] | None = None,
     ) -> SessionReply:
         """The reply in the session's current state, with a zero reward: a create or reset
-        earns none, and a step's is assembled by the service (`service.assemble_reward`)."""
+        earns none, and a step's is assembled by the service (`rewards.assemble_reward`)."""
         env, obs = session.env, session.obs
         fmt, rep, cfg = session.format, session.representation, session.reasoning
         text = turn_prompt(env, obs, fmt, rep, cfg)
@@ -443,49 +437,3 @@ def _json_texts(**objects: Any) -> dict[str, str] | None:
         return {name: _to_json(value) for name, value in objects.items()}
     except ValueError:
         return None
-
-
-def worker_main(
-    conn: Connection,
-    index: int,
-    env_paths: dict[str, str] | None = None,
-    prewarm: Sequence[str] = (),
-    preload: Sequence[str] = (),
-) -> None:
-    """Entry point of a worker process: answer messages until the pipe closes."""
-    for name, path in (env_paths or {}).items():
-        registry.BUILTIN.setdefault(name, path)
-    # Ctrl-C and SIGTERM to the process group reach the API process, which stops us in order
-    # (and if it dies, the pipe closes and we exit)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # stderr, as the server's
-    worker = Worker()
-    worker.preload(preload)
-    # what exists now (modules) lives as long as the process: out of every later
-    # collection (full ones over it took 100-300 ms under load: step tails)
-    gc.freeze()
-    conn.send_bytes(pickle.dumps((0, Ready(os.getpid(), {}))))
-    to_warm = list(prewarm)  # warmed behind Ready, one env at a time, messages first
-    while True:
-        try:
-            if to_warm and not conn.poll(0):
-                name = to_warm.pop(0)
-                took = worker.prewarm([name])[name]
-                if not to_warm and not worker.sessions:
-                    gc.freeze()  # the pre-warmed simulators, too
-                conn.send_bytes(pickle.dumps((0, Warmed(name, took))))
-                continue
-            data = conn.recv_bytes()
-        except (EOFError, OSError):
-            break
-        request_id, batch = pickle.loads(data)
-        if isinstance(batch, Stop):
-            break
-        try:
-            result = worker.handle(batch)
-        except Exception as exc:  # a malformed message: a bug in the service
-            result = ServiceError.internal(exc, f"worker {index} message", log)
-        conn.send_bytes(pickle.dumps((request_id, result), protocol=pickle.HIGHEST_PROTOCOL))
-    for session in worker.sessions.values():
-        session.env.close()

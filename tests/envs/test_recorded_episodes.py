@@ -30,7 +30,7 @@ from env_server.core.types import Representation
 from env_server.reasoning import ReasoningConfig
 from env_server.service.messages import Create, Reset, Step
 from env_server.service.models import SessionOptions
-from env_server.service.service import assemble_reward
+from env_server.service.rewards import assemble_reward
 from env_server.service.worker import Worker
 
 FIXTURE = Path(__file__).with_name("data") / "recorded_episodes.json"

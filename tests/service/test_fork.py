@@ -219,6 +219,6 @@ def test_a_fork_gets_a_copy_of_the_guard_window_never_the_same_one(run, service)
     # each copy has seen it once: twice now, under min_count (a shared window: 3 and 4)
     assert [step(f1, 1), step(f2, 1), step(sid, 1)] == [0.0, 0.0, 0.0]
     assert step(f1, 2) == -0.25  # three times in f1's copy (a fresh guard: twice)
-    guards = {id(service._guard_of(service.sessions[s])) for s in (sid, f1, f2)}
+    guards = {id(service.rewards.guard_of(service.sessions[s])) for s in (sid, f1, f2)}
     assert len(guards) == 3
     run(service.close([sid, f1, f2]))

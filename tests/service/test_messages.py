@@ -1,5 +1,5 @@
 """The worker protocol (env_server/service/messages.py) and the one place a step's reward
-is assembled (service.assemble_reward), at the worker level: no processes."""
+is assembled (rewards.assemble_reward), at the worker level: no processes."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from env_server.service.messages import (
     Stop,
 )
 from env_server.service.models import ActionModel, ServiceError, SessionOptions
-from env_server.service.service import assemble_reward
+from env_server.service.rewards import assemble_reward
 from env_server.service.worker import Worker
 
 

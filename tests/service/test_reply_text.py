@@ -18,7 +18,7 @@ import pytest
 from env_server.reasoning import ReasoningConfig, TurnScore
 from env_server.service.messages import Create, Reset, Step
 from env_server.service.models import ActionModel, SessionOptions
-from env_server.service.service import assemble_reward, writable
+from env_server.service.rewards import assemble_reward, writable
 from env_server.service.worker import Worker
 from visenv import wire
 

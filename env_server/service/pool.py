@@ -1,0 +1,569 @@
+"""The worker pool: worker processes, the pipe to each (both ends), batching, restarts.
+
+Environments live in worker processes (`worker.Worker` holds a process's sessions and
+answers its messages). This module is everything between the API process and them:
+
+- the pipe, both ends: the envelope ``(request_id, body)`` pickled (`envelope`,
+  `opened`) in multiprocessing.Connection's framing (a 4-byte big-endian length, then
+  the bytes: `framed`, `read_framed`), so the worker (`worker_main`) uses a plain
+  Connection while the API process's end (`WorkerHandle`) stays non-blocking; what goes
+  in the envelopes is the worker protocol of `messages.py`;
+- request batching (`WorkerHandle.request`): concurrent callers' batches coalesced into
+  one message, flush windows;
+- `WorkerPool`: the handles, the least-loaded pick, big batches sent in pieces, the
+  per-environment deadlines, killing a stuck worker, and replacing a worker that died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import gc
+import itertools
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import socket
+import struct
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from env_server.core import registry
+
+from .messages import Message, Ready, Stop, Warmed
+from .metrics import Metrics
+from .models import ServiceError
+from .settings import Settings
+from .worker import LOG_FORMAT, Worker
+
+log = logging.getLogger("visenv.service")
+worker_log = logging.getLogger("visenv.worker")
+
+
+# ---- the pipe ---------------------------------------------------------------------
+def envelope(request_id: int, body: Any) -> bytes:
+    """The pickled envelope of a message (either way over the pipe)."""
+    return pickle.dumps((request_id, body), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def opened(data: bytes) -> tuple[int, Any]:
+    """(request_id, body) of an envelope."""
+    return pickle.loads(data)
+
+
+def framed(data: bytes) -> bytes:
+    """`data` as multiprocessing.Connection frames it (what its `recv_bytes` reads)."""
+    return struct.pack("!i", len(data)) + data
+
+
+async def read_framed(reader: asyncio.StreamReader) -> bytes:
+    """The next frame's bytes, as multiprocessing.Connection's `send_bytes` framed them."""
+    (size,) = struct.unpack("!i", await reader.readexactly(4))
+    if size == -1:
+        (size,) = struct.unpack("!Q", await reader.readexactly(8))
+    return await reader.readexactly(size)
+
+
+class WorkerLost(Exception):
+    """The worker process died (before or while answering)."""
+
+
+@dataclass
+class _Queued:
+    """A request waiting to be sent to a worker (coalesced with others into one message)."""
+
+    batch: list[Message]
+    future: asyncio.Future
+    deadline: float  # seconds the worker may take for it (see WorkerHandle.stuck)
+
+
+class WorkerHandle:
+    """The API process's end of one worker process's pipe (see the module docstring)."""
+
+    CONCURRENT = 4  # requests finding the worker busy ...
+    CONCURRENT_SPAN = 0.5  # ... within this many seconds: concurrent traffic (coalesce_window)
+    PREWARM_ALLOWANCE = 180.0  # seconds one environment's pre-warm may take (see `stuck`)
+
+    def __init__(
+        self,
+        index: int,
+        ctx: multiprocessing.context.BaseContext,
+        env_paths: dict[str, str] | None = None,
+        *,
+        coalesce_window: float = 0.0,
+        coalesce_max_items: int = 512,
+        prewarm: Sequence[str] = (),
+        preload: Sequence[str] = (),
+    ) -> None:
+        self.index = index
+        self.preload = list(preload)  # envs whose modules the worker imports at start
+        self.env_paths = dict(env_paths or {})
+        self.prewarm = list(prewarm)  # envs the worker warms up after it says Ready
+        self.warmed: dict[str, float | str] = {}  # ... and how long each took (or why not)
+        self.warming: set[str] = set(self.prewarm)  # ... and those not warmed yet
+        # coalescing (see `request`): requests queued while a message is in flight
+        self.coalesce_window = coalesce_window
+        self.coalesce_max_items = coalesce_max_items
+        self._queue: collections.deque[_Queued] = collections.deque()
+        self._queued_items = 0
+        self._in_flight = 0  # messages sent and not yet answered
+        self._timer: asyncio.TimerHandle | None = None
+        self._flush_soon = False
+        # when the last requests that found the worker busy arrived (concurrency evidence)
+        self._overlaps: collections.deque[float] = collections.deque(maxlen=self.CONCURRENT)
+        # the deadline of each message in flight, oldest first, and when the worker began
+        # the oldest (its last answer, or the send if it was idle): see `stuck`
+        self._deadlines: collections.deque[float] = collections.deque()
+        self._progress_at = 0.0
+        self.messages_sent = 0  # pipe messages, and the requests they carried
+        self.requests_sent = 0
+        self.ctx = ctx
+        self.sessions: set[str] = set()
+        self.pid: int | None = None
+        self.alive = False
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._read_task: asyncio.Task | None = None
+        self._stopping = False
+        self.killed = False
+        self.on_death: Any = None  # callable(WorkerHandle), set by the pool
+
+    async def start(self, timeout: float = 60.0) -> None:
+        parent, child = self.ctx.Pipe(duplex=True)
+        self.process = self.ctx.Process(
+            target=worker_main,
+            args=(child, self.index, self.env_paths, self.prewarm, self.preload),
+            name=f"visenv-worker-{self.index}",
+            daemon=True,
+        )
+        await asyncio.to_thread(self.process.start)
+        child.close()  # so that the worker's death closes the pipe (EOF here)
+        sock = socket.socket(fileno=os.dup(parent.fileno()))
+        parent.close()
+        self._reader, self._writer = await asyncio.open_unix_connection(sock=sock)
+        try:
+            _, ready = opened(await asyncio.wait_for(self._read(), timeout))
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError) as exc:
+            self.process.kill()
+            raise RuntimeError(f"worker {self.index} failed to start: {exc!r}") from exc
+        assert isinstance(ready, Ready)
+        self.pid = ready.pid
+        self.alive = True
+        self._read_task = asyncio.create_task(self._read_loop(), name=f"worker-{self.index}-read")
+
+    async def _read(self) -> bytes:
+        assert self._reader is not None
+        return await read_framed(self._reader)
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                request_id, result = opened(await self._read())
+                if isinstance(result, Warmed):  # a notice: one env pre-warmed
+                    self.warmed[result.name] = result.took
+                    self.warming.discard(result.name)
+                    self._progress_at = asyncio.get_running_loop().time()  # progress too
+                    continue
+                future = self._pending.pop(request_id, None)
+                if future is not None and not future.done():
+                    future.set_result(result)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, EOFError):
+            pass  # the worker died or was stopped
+        finally:
+            self._died()
+
+    def _died(self) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(WorkerLost(f"worker {self.index} (pid {self.pid}) died"))
+        self._pending.clear()
+        if self._writer is not None:
+            self._writer.close()
+        if self.process is not None:
+            self.process.join(timeout=0)  # reap the zombie if it is already gone
+        if not self._stopping and self.on_death is not None:
+            self.on_death(self)
+
+    async def request(
+        self, batch: list[Message], deadline: float = 60.0
+    ) -> list[Any] | ServiceError:
+        """Send a batch of messages to the worker and await their answers (a list, in
+        order; or one ServiceError when the worker could not read the message), coalesced
+        with concurrent batches.
+
+        Requests made while the worker has a message in flight wait in a queue, and the
+        moment it answers, everything queued goes as ONE message (the batches concatenated,
+        at most `coalesce_max_items` items; a longer queue goes without waiting). A request
+        on an idle worker is sent at the end of the current turn of the event loop (with any
+        others that turn brought): microseconds, no added latency. Under concurrent traffic,
+        detected as requests that keep finding the worker busy (CONCURRENT of them within
+        CONCURRENT_SPAN s), a request on an idle worker waits up to `coalesce_window` s for
+        company instead, so 64 clients each stepping their own session cost a few messages a
+        round, not 64. A lone client, or one sending batches, never overlaps itself, so it
+        never waits. Sub-requests keep their order (a session's step, then its close, stay
+        in that order); each caller gets its own answer, or WorkerLost if the worker dies.
+        """
+        if not self.alive or self._writer is None:
+            raise WorkerLost(f"worker {self.index} is not running")
+        if not batch:
+            return []
+        loop = asyncio.get_running_loop()
+        if self._in_flight or self._queue:
+            self._overlaps.append(loop.time())
+        future = loop.create_future()
+        self._queue.append(_Queued(batch, future, deadline))
+        self._queued_items += len(batch)
+        if self._queued_items >= self.coalesce_max_items:
+            self._flush()
+        elif self._in_flight or self._timer is not None:
+            pass  # sent when the message in flight answers, or the window closes
+        elif self.coalesce_window > 0 and self.concurrent(loop.time()):
+            self._timer = loop.call_later(self.coalesce_window, self._window_over)
+        elif not self._flush_soon:
+            self._flush_soon = True
+            loop.call_soon(self._flush_now)
+        return await future
+
+    def stuck(self, now: float) -> bool:
+        """Whether the worker has spent longer than its deadline on one message: the clock
+        runs from its last answer (or from the send, if it was idle), so a worker answering
+        message after message of a long batch is busy, never stuck."""
+        if not self._deadlines:
+            return False
+        # while it pre-warms an environment (a simulator's start-up: a minute), a message
+        # waits behind that: allowed on top of the deadline
+        allowance = self.PREWARM_ALLOWANCE if self.warming else 0.0
+        return now - self._progress_at > self._deadlines[0] + allowance
+
+    def concurrent(self, now: float) -> bool:
+        """Whether concurrent callers are using this worker now (see `request`)."""
+        return (
+            len(self._overlaps) == self.CONCURRENT
+            and now - self._overlaps[0] < self.CONCURRENT_SPAN
+        )
+
+    def _flush_now(self) -> None:
+        self._flush_soon = False
+        self._flush()
+
+    def _window_over(self) -> None:
+        self._timer = None
+        self._flush(force=True)
+
+    def _flush(self, force: bool = False) -> None:
+        """Send the queue (in messages of at most coalesce_max_items items) while the worker
+        has nothing in flight, or the queue is full, or `force` (the window is over)."""
+        if not self.alive or self._writer is None:
+            lost = WorkerLost(f"worker {self.index} (pid {self.pid}) is not running")
+            while self._queue:
+                entry = self._queue.popleft()
+                if not entry.future.done():
+                    entry.future.set_exception(lost)
+            self._queued_items = 0
+            return
+        while self._queue and (
+            force or self._in_flight == 0 or self._queued_items >= self.coalesce_max_items
+        ):
+            force = False
+            entries: list[_Queued] = []
+            items = 0
+            while self._queue and (
+                not entries or items + len(self._queue[0].batch) <= self.coalesce_max_items
+            ):
+                entry = self._queue.popleft()
+                self._queued_items -= len(entry.batch)
+                if not entry.future.done():  # its caller gave up: not sent
+                    entries.append(entry)
+                    items += len(entry.batch)
+            if entries:
+                self._send(entries)
+        if not self._queue and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _send(self, entries: list[_Queued]) -> None:
+        request_id = next(self._ids)
+        message = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = message
+        self._in_flight += 1
+        self.messages_sent += 1
+        self.requests_sent += len(entries)
+        message.add_done_callback(functools.partial(self._answered, entries))
+        if not self._deadlines:
+            self._progress_at = asyncio.get_running_loop().time()
+        self._deadlines.append(max(e.deadline for e in entries))
+        try:
+            if len(entries) == 1:
+                batch = entries[0].batch
+            else:  # coalesced: one batch, answered in order and split back in _answered
+                batch = [message for entry in entries for message in entry.batch]
+            assert self._writer is not None
+            self._writer.write(framed(envelope(request_id, batch)))
+        except (ConnectionError, OSError) as exc:
+            self._pending.pop(request_id, None)
+            message.set_exception(WorkerLost(f"worker {self.index} (pid {self.pid}) died: {exc}"))
+        except Exception as exc:  # e.g. a payload that can't be pickled: a bug in the service
+            self._pending.pop(request_id, None)
+            message.set_exception(exc)
+
+    def _answered(self, entries: list[_Queued], message: asyncio.Future) -> None:
+        """Hand each caller its part of a message's answer, then send what queued meanwhile."""
+        self._in_flight -= 1
+        if self._deadlines:
+            self._deadlines.popleft()
+        self._progress_at = asyncio.get_running_loop().time()
+        if message.cancelled():
+            error: BaseException | None = WorkerLost(f"worker {self.index}: message cancelled")
+        else:
+            error = message.exception()
+        if error is None:
+            result = message.result()
+            if len(entries) == 1 or not isinstance(result, list):
+                # (not a list: the worker could not read the message; every caller gets it)
+                answers = [result] * len(entries)
+            else:  # coalesced: each caller's part, in order
+                ends = itertools.accumulate(len(e.batch) for e in entries)
+                answers = [
+                    result[end - len(e.batch) : end] for e, end in zip(entries, ends, strict=True)
+                ]
+            for entry, answer in zip(entries, answers, strict=True):
+                if not entry.future.done():
+                    entry.future.set_result(answer)
+        else:
+            for entry in entries:
+                if not entry.future.done():
+                    entry.future.set_exception(error)
+        self._flush()
+
+    def kill(self) -> bool:
+        """SIGKILL the process (a stuck worker): its pipe closes, calls in flight fail with
+        WorkerLost and `on_death` replaces it, as for any death. False if it was killed
+        already (several callers may find it stuck)."""
+        if self.killed or self.process is None or not self.process.is_alive():
+            return False
+        self.killed = True
+        self.process.kill()
+        return True
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        self._stopping = True
+        if self.alive and self._writer is not None:
+            try:
+                self._writer.write(framed(envelope(0, Stop())))
+                await self._writer.drain()
+            except (ConnectionError, OSError):
+                pass
+        if self.process is not None:
+            await asyncio.to_thread(self.process.join, timeout)
+            if self.process.is_alive():
+                self.process.kill()
+                await asyncio.to_thread(self.process.join, timeout)
+        if self._read_task is not None:
+            self._read_task.cancel()
+            await asyncio.gather(self._read_task, return_exceptions=True)
+        self._died()
+
+
+class WorkerPool:
+    """The worker processes of one service: `call` sends a batch to a worker, in pieces,
+    under the deadline of its environments; a worker that dies (or is killed, stuck) is
+    replaced, after `on_lost(handle)` has forgotten its sessions."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        on_lost: Callable[[WorkerHandle], None],
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.on_lost = on_lost
+        self.workers: list[WorkerHandle] = []
+        self.restarts = 0
+        self._ctx = multiprocessing.get_context(settings.start_method)
+        self._restarts: set[asyncio.Task] = set()
+        self._stopping = False
+
+    async def start(self) -> None:
+        if self.settings.start_method == "forkserver":
+            self._ctx.set_forkserver_preload(["env_server.service.pool"])
+        self.workers = [self._handle(i) for i in range(self.settings.workers)]
+        await asyncio.gather(*(w.start() for w in self.workers))
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for task in list(self._restarts):
+            task.cancel()
+        await asyncio.gather(*(w.stop() for w in self.workers), return_exceptions=True)
+
+    def _handle(self, index: int) -> WorkerHandle:
+        settings = self.settings
+        handle = WorkerHandle(
+            index,
+            self._ctx,
+            settings.env_paths,
+            coalesce_window=settings.coalesce_window,
+            coalesce_max_items=settings.coalesce_max_items,
+            prewarm=[e for e in settings.prewarm or () if e in (settings.envs or [e])],
+            preload=settings.envs or [],
+        )
+        handle.on_death = self._on_death
+        return handle
+
+    def pick(self) -> WorkerHandle | None:
+        """The alive worker holding the fewest sessions (None: none is alive)."""
+        alive = [w for w in self.workers if w.alive]
+        return min(alive, key=lambda w: len(w.sessions)) if alive else None
+
+    async def call(
+        self, worker: WorkerHandle, batch: list[Message], envs: Iterable[str] = ()
+    ) -> list:
+        """A batch for one worker, sent in pieces of at most `piece_items` messages,
+        one piece after another (other callers' requests go between them, so a big batch
+        does not hold up other sessions, and each piece finishes well inside the deadline).
+        If the worker dies, or spends longer than the deadline of the environments involved
+        on one message (then it is killed and replaced), the items not yet answered answer
+        SESSION_LOST."""
+        envs = list(envs)
+        deadline = self.deadline(envs)
+        size = self.piece_items(envs)
+        answers: list = []
+        for start in range(0, len(batch), size):
+            piece = batch[start : start + size]
+            got = await self._call_piece(worker, piece, deadline)
+            answers += got
+            if got and isinstance(got[0], ServiceError) and got[0].code == "SESSION_LOST":
+                return answers + [got[0]] * (len(batch) - len(answers))  # the worker is gone
+        return answers
+
+    async def _call_piece(self, worker: WorkerHandle, batch: list[Message], deadline: float):
+        loop = asyncio.get_running_loop()
+        request = asyncio.ensure_future(worker.request(batch, deadline))
+        try:
+            while True:
+                done, _ = await asyncio.wait({request}, timeout=min(1.0, deadline / 10))
+                if done:
+                    answers = request.result()
+                    break
+                if worker.stuck(loop.time()):
+                    op = type(batch[0]).__name__.lower()
+                    self._kill_stuck(worker, op, deadline)
+                    lost = ServiceError(
+                        "SESSION_LOST",
+                        f"the session's worker process did not answer {op} within "
+                        f"{deadline:g} s (no answer to any message for that long: a stuck "
+                        "environment?); it was killed and is being replaced: create a new "
+                        "session",
+                    )
+                    return [lost] * len(batch)
+        except WorkerLost as exc:
+            lost = ServiceError("SESSION_LOST", f"the session's worker process died: {exc}")
+            return [lost] * len(batch)
+        finally:
+            if not request.done():  # our caller gave up: the queued piece is not sent
+                request.cancel()
+        if isinstance(answers, ServiceError):  # the worker could not read the message
+            return [answers] * len(batch)
+        return answers
+
+    def piece_items(self, envs: Iterable[str] = ()) -> int:
+        """Items per message of a batch about `envs` (the smallest of theirs)."""
+        pieces, most = self.settings.piece_items, self.settings.coalesce_max_items
+        other = min(pieces.get("*", most), most)
+        return min((min(pieces.get(e, other), most) for e in envs), default=other)
+
+    def deadline(self, envs: Iterable[str] = ()) -> float:
+        """Seconds a worker may take for one message about `envs` (the longest of theirs)."""
+        own = self.settings.deadlines
+        return max(
+            (own.get(e, self.settings.deadline) for e in envs), default=self.settings.deadline
+        )
+
+    def _kill_stuck(self, worker: WorkerHandle, op: str, deadline: float) -> None:
+        if not worker.kill():
+            return
+        log.error(
+            "worker %d (pid %s) did not answer %s within %g s: killing it; its %d sessions are lost",
+            worker.index, worker.pid, op, deadline, len(worker.sessions),
+        )  # fmt: skip
+        self.metrics.worker_timeouts.inc()
+
+    def _on_death(self, handle: WorkerHandle) -> None:
+        """A worker died (or was killed): its sessions are lost; a new one takes its place."""
+        if self._stopping:
+            return
+        self.on_lost(handle)
+        handle.sessions.clear()
+        self.restarts += 1
+        self.metrics.worker_restarts.inc()
+        replacement = self._handle(handle.index)
+        self.workers[handle.index] = replacement
+        task = asyncio.get_running_loop().create_task(self._start_replacement(replacement))
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
+
+    async def _start_replacement(self, handle: WorkerHandle) -> None:
+        for attempt in range(5):
+            try:
+                await handle.start()
+                return
+            except RuntimeError:
+                await asyncio.sleep(0.5 * (attempt + 1))
+
+
+def worker_main(
+    conn: Connection,
+    index: int,
+    env_paths: dict[str, str] | None = None,
+    prewarm: Sequence[str] = (),
+    preload: Sequence[str] = (),
+) -> None:
+    """Entry point of a worker process, the worker's end of the pipe: answer messages
+    (`Worker.handle`) until the pipe closes."""
+    for name, path in (env_paths or {}).items():
+        registry.BUILTIN.setdefault(name, path)
+    # Ctrl-C and SIGTERM to the process group reach the API process, which stops us in order
+    # (and if it dies, the pipe closes and we exit)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # stderr, as the server's
+    worker = Worker()
+    worker.preload(preload)
+    # what exists now (modules) lives as long as the process: out of every later
+    # collection (full ones over it took 100-300 ms under load: step tails)
+    gc.freeze()
+    conn.send_bytes(envelope(0, Ready(os.getpid(), {})))
+    to_warm = list(prewarm)  # warmed behind Ready, one env at a time, messages first
+    while True:
+        try:
+            if to_warm and not conn.poll(0):
+                name = to_warm.pop(0)
+                took = worker.prewarm([name])[name]
+                if not to_warm and not worker.sessions:
+                    gc.freeze()  # the pre-warmed simulators, too
+                conn.send_bytes(envelope(0, Warmed(name, took)))
+                continue
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            break
+        request_id, batch = opened(data)
+        if isinstance(batch, Stop):
+            break
+        try:
+            result = worker.handle(batch)
+        except Exception as exc:  # a malformed message: a bug in the service
+            result = ServiceError.internal(exc, f"worker {index} message", worker_log)
+        conn.send_bytes(envelope(request_id, result))
+    for session in worker.sessions.values():
+        session.env.close()
