@@ -28,7 +28,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=20, help="oracle episodes per task")
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
-    parser.add_argument("--sessions", type=int, default=8, help="extra sessions for the memory probe")
+    parser.add_argument(
+        "--sessions", type=int, default=8, help="extra sessions for the memory probe"
+    )
     parser.add_argument("--image-size", type=int, default=300)
     args = parser.parse_args()
 
@@ -43,8 +45,10 @@ def main() -> None:
 
     t0 = time.perf_counter()
     first = PrimitiveSkillEnv(PrimitiveSkillConfig(task=args.tasks[0], image_size=args.image_size))
-    print(f"first env:             {time.perf_counter() - t0:6.2f} s, "
-          f"{rss_mb() - base:6.0f} MB above the bare interpreter")
+    print(
+        f"first env:             {time.perf_counter() - t0:6.2f} s, "
+        f"{rss_mb() - base:6.0f} MB above the bare interpreter"
+    )
     t0 = time.perf_counter()
     first.scene.render_rgb()
     print(f"shader warm-up:        {time.perf_counter() - t0:6.2f} s (first rendered frame)")
@@ -54,28 +58,37 @@ def main() -> None:
         first.scene.render_rgb()
         frames.append(time.perf_counter() - t0)
     render_s = statistics.median(frames)
-    print(f"render:                {render_s * 1000:6.1f} ms per {args.image_size}px frame (median of 10)")
+    print(
+        f"render:                {render_s * 1000:6.1f} ms per {args.image_size}px frame (median of 10)"
+    )
 
     # memory per session: more envs in the same process
     before = rss_mb()
     t0 = time.perf_counter()
-    extra = [PrimitiveSkillEnv(PrimitiveSkillConfig(task=TASKS[i % 4], image_size=args.image_size))
-             for i in range(args.sessions)]
+    extra = [
+        PrimitiveSkillEnv(PrimitiveSkillConfig(task=TASKS[i % 4], image_size=args.image_size))
+        for i in range(args.sessions)
+    ]
     for env in extra:
         env.reset(0)
     if args.sessions:
         per = (rss_mb() - before) / args.sessions
         made = (time.perf_counter() - t0) / args.sessions
-        print(f"per extra session:     {per:6.1f} MB, {made:5.2f} s to create + reset "
-              f"({args.sessions} sessions)")
+        print(
+            f"per extra session:     {per:6.1f} MB, {made:5.2f} s to create + reset "
+            f"({args.sessions} sessions)"
+        )
     for env in extra:
         env.close()
 
     # oracle episodes: success rate and time per primitive
     sim_per_primitive: list[float] = []
     for task in args.tasks:
-        env = first if first.config.task == task else PrimitiveSkillEnv(
-            PrimitiveSkillConfig(task=task, image_size=args.image_size))
+        env = (
+            first
+            if first.config.task == task
+            else PrimitiveSkillEnv(PrimitiveSkillConfig(task=task, image_size=args.image_size))
+        )
         wins, rewards, prims, t_task = 0, [], 0, time.perf_counter()
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             env.reset(seed)
@@ -92,14 +105,18 @@ def main() -> None:
             rewards.append(tr.reward)
             prims += tr.info["primitives_used"]
         dt = time.perf_counter() - t_task
-        print(f"oracle {task:17s} {wins:3d}/{args.seeds} solved, mean reward "
-              f"{statistics.mean(rewards):5.2f}, {prims / args.seeds:4.1f} primitives/episode, "
-              f"{dt / args.seeds:5.2f} s/episode")
+        print(
+            f"oracle {task:17s} {wins:3d}/{args.seeds} solved, mean reward "
+            f"{statistics.mean(rewards):5.2f}, {prims / args.seeds:4.1f} primitives/episode, "
+            f"{dt / args.seeds:5.2f} s/episode"
+        )
         if env is not first:
             env.close()
     if sim_per_primitive:
-        print(f"simulation:            {statistics.median(sim_per_primitive):6.3f} s per primitive "
-              f"(median, render excluded)")
+        print(
+            f"simulation:            {statistics.median(sim_per_primitive):6.3f} s per primitive "
+            f"(median, render excluded)"
+        )
     print(f"peak RSS:              {rss_mb():6.0f} MB")
     first.close()
 

@@ -42,6 +42,7 @@ def drive(warmup: int, steps: int, repeat: int) -> None:
     import bench_transport as bt
 
     from env_server.reasoning import ReasoningConfig
+
     try:  # where the reward is assembled: its own module since the service split
         from env_server.service import rewards as service
     except ImportError:

@@ -204,8 +204,6 @@ async def has_openenv_ws(http: str) -> bool:
         return False
 
 
-
-
 async def run(args: argparse.Namespace) -> None:
     console = Console(width=170)
     gc.freeze()  # the client's own start-up objects: out of every later collection
@@ -258,7 +256,9 @@ async def run(args: argparse.Namespace) -> None:
     g64 = by.get(("gRPC per-session", 64))
     line = f"gRPC batch-64 {batch:,.0f}/s = {batch / inproc:.2f}x in-process (target >= 0.8x)"
     if g64:
-        line += f"; gRPC per-session x64 {g64:,.0f}/s = {g64 / batch:.2f}x batch-64 (target >= 0.6x)"
+        line += (
+            f"; gRPC per-session x64 {g64:,.0f}/s = {g64 / batch:.2f}x batch-64 (target >= 0.6x)"
+        )
     console.print(line)
     if not ws:
         console.print("OpenEnv WebSocket: /compat/openenv/sokoban/ws not served here (skipped)")

@@ -24,10 +24,14 @@ class SingleSessionRest:
         self._http = httpx.AsyncClient(headers=headers, timeout=300)
         self._next: dict[str, int] = {}
 
-    async def step(self, session_ids: Sequence[str], responses: Sequence[str]) -> list[SessionReply]:
-        return list(await asyncio.gather(
-            *(self._one(sid, text) for sid, text in zip(session_ids, responses, strict=True))
-        ))
+    async def step(
+        self, session_ids: Sequence[str], responses: Sequence[str]
+    ) -> list[SessionReply]:
+        return list(
+            await asyncio.gather(
+                *(self._one(sid, text) for sid, text in zip(session_ids, responses, strict=True))
+            )
+        )
 
     async def _one(self, sid: str, text: str) -> SessionReply:
         server = self._client.server_of(sid)
@@ -50,4 +54,3 @@ class SingleSessionRest:
 
     async def aclose(self) -> None:
         await self._http.aclose()
-

@@ -58,8 +58,10 @@ ANSWERS = {
     "frozenlake": ("Left", "Right", "Up", "Down", "Right, Down"),
     "navigation": ("moveahead", "rotateleft", "rotateright, moveahead"),
     "primitive_skill": ("pick(100, 0, 20)", "push(0, 0, 20, 50, 0, 20)"),
-    "svg": ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 64 64">'
-            '<circle cx="32" cy="32" r="20" fill="red"/></svg>',),  # fmt: skip
+    "svg": (
+        '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 64 64">'
+        '<circle cx="32" cy="32" r="20" fill="red"/></svg>',
+    ),  # fmt: skip
 }
 
 
@@ -161,10 +163,14 @@ class Owner:
     def check(self, op: str, slot: Slot, reply, expected_index: int) -> None:
         if reply.session_id != slot.sid or reply.env != slot.env:
             self.audit.mismatched += 1
-            self.audit.note(f"{op}: asked {slot.sid}/{slot.env}, got {reply.session_id}/{reply.env}")
+            self.audit.note(
+                f"{op}: asked {slot.sid}/{slot.env}, got {reply.session_id}/{reply.env}"
+            )
         elif reply.step_index != expected_index:
             self.audit.mismatched += 1
-            self.audit.note(f"{op} {slot.sid}: step_index {reply.step_index}, expected {expected_index}")
+            self.audit.note(
+                f"{op} {slot.sid}: step_index {reply.step_index}, expected {expected_index}"
+            )
 
     def failed(self, slot: Slot, outcome: str) -> None:
         if outcome in ("SESSION_LOST", "NOT_FOUND"):
@@ -222,7 +228,9 @@ class Owner:
                                         for _ in ids], return_exceptions=True), len(slots))  # fmt: skip
         elif op == "get":
             sent = [self.client.next_step_index(i) - 1 for i in ids]
-            results = await self._per_item_errors(self.client.get(ids, return_exceptions=True), len(slots))
+            results = await self._per_item_errors(
+                self.client.get(ids, return_exceptions=True), len(slots)
+            )
         else:  # close: the client forgets the session whatever the answer
             results = await self._per_item_errors(self.client.close(ids), len(slots))
             for slot, r in zip(slots, results, strict=True):
@@ -333,12 +341,17 @@ async def soak(args: argparse.Namespace) -> dict:
     try:
         n_single = args.single_clients
         light = [Slot(LIGHT[i % 2]) for i in range(args.sessions)]
-        singles, batched = light[: n_single * args.single_slots], light[n_single * args.single_slots :]
+        singles, batched = (
+            light[: n_single * args.single_slots],
+            light[n_single * args.single_slots :],
+        )
         owners: list[Owner] = []
         for i in range(n_single):
             lossy = i < n_single * args.lossy
             transport = "http" if i % 2 else "grpc"
-            proxy = LossyProxy(server.http if transport == "http" else server.grpc) if lossy else None
+            proxy = (
+                LossyProxy(server.http if transport == "http" else server.grpc) if lossy else None
+            )
             proxies += [proxy] if proxy else []
             owners.append(Owner(f"single-{i}", singles[i * args.single_slots:(i + 1) * args.single_slots],
                                 server.http if transport == "http" else server.grpc, transport,

@@ -171,7 +171,9 @@ class AsyncEnvClient:
             server = self._servers[server_idx]
             for attempt in range(self.retries + 1):
                 try:
-                    out = await self._retrying(lambda sent=positions: call(server, sent), idempotent)
+                    out = await self._retrying(
+                        lambda sent=positions: call(server, sent), idempotent
+                    )
                 except ConnectionFailure as exc:  # retried already: the server is gone
                     out, positions_left = [lost(server, exc)] * len(positions), []
                 except VisenvError as exc:  # the whole call failed (timeout, token)

@@ -399,9 +399,7 @@ async def run_episodes(
             if not live:
                 await refill([])
                 continue
-            freed = await _play_turn(
-                client, policy, live, max_turns, fail, lambda: bar.update(1)
-            )
+            freed = await _play_turn(client, policy, live, max_turns, fail, lambda: bar.update(1))
             await refill(freed)
     except BaseException:
         if live:

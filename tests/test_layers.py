@@ -143,6 +143,5 @@ def test_the_checker_sees_a_violation():
     own = layer_of("env_server.envs.sokoban.env")
     assert own == "env_server.envs"
     assert not any(
-        "env_server.service" == a or "env_server.service".startswith(a + ".")
-        for a in ALLOWED[own]
+        "env_server.service" == a or "env_server.service".startswith(a + ".") for a in ALLOWED[own]
     )

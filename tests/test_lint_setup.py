@@ -28,6 +28,8 @@ def test_lint_ruff_is_the_dev_extras_ruff() -> None:
     makefile = (ROOT / "Makefile").read_text()
     spec = re.search(r"^RUFF_SPEC\s*\?=\s*(\S+)", makefile, re.MULTILINE)
     assert spec, "the Makefile pins ruff in RUFF_SPEC"
-    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][
+        "dev"
+    ]
     pinned = [d for d in dev if d.replace(" ", "").startswith("ruff")]
     assert pinned == [spec.group(1)], f"dev extra pins {pinned}, the Makefile {spec.group(1)}"

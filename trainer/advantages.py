@@ -342,8 +342,14 @@ ESTIMATORS: dict[str, Estimator] = {
     # VAGEN: turn-level GAE across turns, then token-level GAE inside each turn
     "bi_level": Estimator(
         lambda p, x: bi_level_gae(
-            x.token_rewards, _values(x), x.loss_mask, x.turn_end,
-            p.gamma_token, p.lam_token, p.gamma_turn, p.lam_turn,
+            x.token_rewards,
+            _values(x),
+            x.loss_mask,
+            x.turn_end,
+            p.gamma_token,
+            p.lam_token,
+            p.gamma_turn,
+            p.lam_turn,
         )  # fmt: skip
     ),
     # VAGEN-Base: token-level GAE with the episode's reward at its last action token

@@ -198,9 +198,7 @@ class PPOSection(_Strict):
         if self.level_success_min > self.level_success_max:
             raise ValueError("ppo.level_success_min must not exceed ppo.level_success_max")
         if self.episodes_per_iteration % self.group_size:
-            raise ValueError(
-                "ppo.episodes_per_iteration must be a multiple of ppo.group_size"
-            )
+            raise ValueError("ppo.episodes_per_iteration must be a multiple of ppo.group_size")
         return self
 
 
@@ -214,8 +212,10 @@ class RunSection(_Strict):
     )
     save_every: int = Field(1, ge=1)
     max_episode_attempts: int = Field(
-        3, ge=1, description="runs of an episode that failed for a transient reason "
-        "(lost session, unreachable server, deadline); other failures stop the run"
+        3,
+        ge=1,
+        description="runs of an episode that failed for a transient reason "
+        "(lost session, unreachable server, deadline); other failures stop the run",
     )
     retry_wait: float = Field(
         1.0, ge=0, description="seconds before re-running lost episodes (doubles)"

@@ -240,42 +240,85 @@ def _config_option(text: str) -> dict:
 @app.command("eval")
 # fmt: off
 def eval_model(
-    endpoint: Annotated[str, typer.Option(
-        help="OpenAI-compatible API root, e.g. http://127.0.0.1:8001/v1 (vLLM).")],
+    endpoint: Annotated[
+        str, typer.Option(help="OpenAI-compatible API root, e.g. http://127.0.0.1:8001/v1 (vLLM).")
+    ],
     model: Annotated[str, typer.Option(help="The served model name.")],
-    server: Annotated[list[str], typer.Option(
-        help="A visenv server (repeatable): its gRPC address HOST:GRPC_PORT (visenv serve's "
-        "--grpc-port, 50051 by default), or http://HOST:PORT for REST (--port, 8000).")],
+    server: Annotated[
+        list[str],
+        typer.Option(
+            help="A visenv server (repeatable): its gRPC address HOST:GRPC_PORT (visenv serve's "
+            "--grpc-port, 50051 by default), or http://HOST:PORT for REST (--port, 8000)."
+        ),
+    ],
     env: Annotated[str, typer.Option(help="Environment name (see `visenv envs`).")] = "sokoban",
-    config: Annotated[str, typer.Option(help=(
-        "The environment's config as JSON, e.g. '{\"feedback\": \"unary\"}' for vicrit."))] = "{}",
+    config: Annotated[
+        str,
+        typer.Option(
+            help=('The environment\'s config as JSON, e.g. \'{"feedback": "unary"}\' for vicrit.')
+        ),
+    ] = "{}",
     episodes: Annotated[int, typer.Option(min=1, max=1_000_000, help="Episodes.")] = 32,
-    seed: Annotated[int, typer.Option(min=0, max=999, help=(
-        "Evaluation seed: held-out levels 1e9 + seed*1e6 + i, disjoint from the levels of "
-        "every training run (run.seed s trains on s*1e6 + i)."))] = 0,
-    first_level: Annotated[int | None, typer.Option(min=0, help=(
-        "Play the raw level seeds FIRST_LEVEL .. FIRST_LEVEL+N-1 instead (e.g. a training "
-        "run's own levels)."), show_default="the held-out range of --seed")] = None,
-    format: Annotated[str | None, typer.Option(
-        help="Response format, e.g. grounding_worldmodeling.", show_default="the env's")] = None,
-    representation: Annotated[str | None, typer.Option(
-        help="Observation representation, e.g. natural.", show_default="the env's")] = None,
-    max_turns: Annotated[int | None, typer.Option(
-        min=1, help="Turns per episode.", show_default="the env's limit")] = None,
+    seed: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=999,
+            help=(
+                "Evaluation seed: held-out levels 1e9 + seed*1e6 + i, disjoint from the levels of "
+                "every training run (run.seed s trains on s*1e6 + i)."
+            ),
+        ),
+    ] = 0,
+    first_level: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help=(
+                "Play the raw level seeds FIRST_LEVEL .. FIRST_LEVEL+N-1 instead (e.g. a training "
+                "run's own levels)."
+            ),
+            show_default="the held-out range of --seed",
+        ),
+    ] = None,
+    format: Annotated[
+        str | None,
+        typer.Option(
+            help="Response format, e.g. grounding_worldmodeling.", show_default="the env's"
+        ),
+    ] = None,
+    representation: Annotated[
+        str | None,
+        typer.Option(help="Observation representation, e.g. natural.", show_default="the env's"),
+    ] = None,
+    max_turns: Annotated[
+        int | None, typer.Option(min=1, help="Turns per episode.", show_default="the env's limit")
+    ] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Episodes at once.")] = 16,
-    transport: Annotated[str, typer.Option(
-        help="grpc or http: the protocol of --server addresses without grpc:// or http://.")
+    transport: Annotated[
+        str,
+        typer.Option(
+            help="grpc or http: the protocol of --server addresses without grpc:// or http://."
+        ),
     ] = "grpc",
-    temperature: Annotated[float, typer.Option(
-        min=0.0, help="Sampling temperature of the model (0: greedy).")] = 0.0,
+    temperature: Annotated[
+        float, typer.Option(min=0.0, help="Sampling temperature of the model (0: greedy).")
+    ] = 0.0,
     max_tokens: Annotated[int, typer.Option(min=1, help="Tokens per answer.")] = 512,
     timeout: Annotated[float, typer.Option(help="Seconds per model request.")] = 120.0,
     retries: Annotated[int, typer.Option(min=0, help="Retries on 429/5xx/connection errors.")] = 3,
-    api_key_env: Annotated[str, typer.Option(
-        help="Environment variable with the endpoint's API key.")] = "OPENAI_API_KEY",
-    out: Annotated[str | None, typer.Option(help=(
-        "Write the episodes here: an episode file (one JSON line per episode with every "
-        "turn's images, response and rewards) that /play opens."))] = None,
+    api_key_env: Annotated[
+        str, typer.Option(help="Environment variable with the endpoint's API key.")
+    ] = "OPENAI_API_KEY",
+    out: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Write the episodes here: an episode file (one JSON line per episode with every "
+                "turn's images, response and rewards) that /play opens."
+            )
+        ),
+    ] = None,
 ) -> None:  # fmt: on
     """Evaluate a model behind an OpenAI-compatible endpoint on held-out levels.
 
@@ -311,22 +354,32 @@ def levels_command(
     env: Annotated[str, typer.Argument(help="Environment name (see `visenv envs`).")],
     seeds: Annotated[str, typer.Option(help="Level seeds A:B (A included, B not).")],
     out: Annotated[str, typer.Option(help="The level file to write (JSON lines).")] = (
-        "levels.jsonl"),
+        "levels.jsonl"
+    ),
     config: Annotated[str, typer.Option(help="The environment's config, as JSON.")] = "{}",
-    server: Annotated[list[str] | None, typer.Option(
-        help="visenv server HOST:PORT for a policy's tries (repeatable).")] = None,
-    policy: Annotated[str | None, typer.Option(
-        help="Measure a policy's success too: 'random' (uniform moves, a baseline), "
-        "'endpoint' (--endpoint/--model) or 'local' (--model-path).")] = None,
+    server: Annotated[
+        list[str] | None,
+        typer.Option(help="visenv server HOST:PORT for a policy's tries (repeatable)."),
+    ] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option(
+            help="Measure a policy's success too: 'random' (uniform moves, a baseline), "
+            "'endpoint' (--endpoint/--model) or 'local' (--model-path)."
+        ),
+    ] = None,
     endpoint: Annotated[str | None, typer.Option(help="OpenAI-compatible API root.")] = None,
     model: Annotated[str | None, typer.Option(help="The served model name.")] = None,
     model_path: Annotated[str | None, typer.Option(help="A local Hugging Face model.")] = None,
     tries: Annotated[int, typer.Option(min=1, help="The policy's tries per level (K).")] = 8,
-    format: Annotated[str | None, typer.Option(
-        help="Response format.", show_default="no_think for random, else the env's")] = None,
+    format: Annotated[
+        str | None,
+        typer.Option(help="Response format.", show_default="no_think for random, else the env's"),
+    ] = None,
     max_turns: Annotated[int | None, typer.Option(min=1, help="Turns per try.")] = None,
-    temperature: Annotated[float, typer.Option(
-        min=0.0, help="Sampling temperature of the model's tries.")] = 1.0,
+    temperature: Annotated[
+        float, typer.Option(min=0.0, help="Sampling temperature of the model's tries.")
+    ] = 1.0,
     success_min: Annotated[float, typer.Option(help="Selection: lowest success rate.")] = 0.1,
     success_max: Annotated[float, typer.Option(help="Selection: highest success rate.")] = 0.7,
 ) -> None:  # fmt: on
@@ -413,4 +466,3 @@ def _oracle_length(env: str, config: dict, seed: int) -> int | None:
 
 def main() -> None:
     app()
-

@@ -76,7 +76,9 @@ def options_item(o: pb.SessionOptions) -> SessionOptions:
     except wire.InvalidField as exc:
         raise ServiceError("INVALID_ARGUMENT", str(exc), exc.field) from None
     fields = {"env": o.env, "config": config, "seed": o.seed, "reasoning": reasoning}
-    return _parsed(SessionOptions, _optional(o, fields, "format", "representation", "image_encoding"))
+    return _parsed(
+        SessionOptions, _optional(o, fields, "format", "representation", "image_encoding")
+    )
 
 
 def reset_item(r: pb.ResetItem) -> ResetItem:
@@ -86,7 +88,9 @@ def reset_item(r: pb.ResetItem) -> ResetItem:
 def step_item(s: pb.StepItem) -> StepItem:
     which = s.WhichOneof("input")
     if which is None:
-        raise ServiceError("INVALID_ARGUMENT", "give exactly one of 'response' or 'actions'", "input")
+        raise ServiceError(
+            "INVALID_ARGUMENT", "give exactly one of 'response' or 'actions'", "input"
+        )
     fields: dict[str, Any] = {"session_id": s.session_id, "step_index": s.step_index}
     if which == "response":
         fields["response"] = s.response

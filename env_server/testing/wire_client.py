@@ -105,9 +105,7 @@ class GrpcWire(WireClient):
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
 
     def _call(self, method: str, request: Any) -> Any:
-        return getattr(self.stub, method)(
-            request, timeout=SERVER_TIMEOUT, metadata=self.metadata
-        )
+        return getattr(self.stub, method)(request, timeout=SERVER_TIMEOUT, metadata=self.metadata)
 
     @staticmethod
     def _error(err: Any) -> dict[str, Any]:

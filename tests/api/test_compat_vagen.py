@@ -171,8 +171,11 @@ def test_remote_errors_auth_config_capacity(servers):
     assert unknown.status_code == 404
     # a connect without a seed makes the session but answers only its id
     data, images = read_mixed(
-        post_multipart(base + "/connect", {"env_config": {"is_slippery": False, "size": 4}},
-                       params={"token": TOKEN})  # fmt: skip
+        post_multipart(
+            base + "/connect",
+            {"env_config": {"is_slippery": False, "size": 4}},
+            params={"token": TOKEN},
+        )  # fmt: skip
     )
     assert set(data) == {"session_id"} and images == []
     # the cap (6, shared with every transport) answers 503, and nothing is left behind

@@ -34,16 +34,27 @@ def _grpc(parse, msg):
 
 OPTIONS = [
     wire.SessionOptions("sokoban"),
-    wire.SessionOptions("sokoban", {"size": 6}, seed=3, format="no_think", image_encoding="raw",
-                        representation="symbolic", reasoning={"beta_s": 0.5}),  # fmt: skip
+    wire.SessionOptions(
+        "sokoban",
+        {"size": 6},
+        seed=3,
+        format="no_think",
+        image_encoding="raw",
+        representation="symbolic",
+        reasoning={"beta_s": 0.5},
+    ),  # fmt: skip
     wire.SessionOptions("sokoban", format="no-such-format"),
     wire.SessionOptions("sokoban", seed=-5),
     wire.SessionOptions("sokoban", {"x": math.inf}),
 ]
 STEPS = [
     wire.StepItem("s-1", 4, response="<answer>Left</answer>"),
-    wire.StepItem("s-1", 4, actions=(Action("pick", (1.0, 2.0, 3.0)), Action("svg", payload="<svg/>")),
-                  image_encoding="raw"),  # fmt: skip
+    wire.StepItem(
+        "s-1",
+        4,
+        actions=(Action("pick", (1.0, 2.0, 3.0)), Action("svg", payload="<svg/>")),
+        image_encoding="raw",
+    ),  # fmt: skip
     wire.StepItem("s-1", 0, actions=(Action("pick", (1.0, math.nan)),)),
     wire.StepItem("s-1", -1, response="x"),
 ]
@@ -71,7 +82,10 @@ def test_the_errors_name_the_fields():
     index = _grpc(grpc_server.step_item, wire.step_request([STEPS[3]]).items[0])
     assert index.field == "step_index"
     neither = _grpc(grpc_server.step_item, pb.StepItem(session_id="s-1"))
-    assert (neither.field, neither.message) == ("input", "give exactly one of 'response' or 'actions'")
+    assert (neither.field, neither.message) == (
+        "input",
+        "give exactly one of 'response' or 'actions'",
+    )
     bad_json = _grpc(grpc_server.options_item, pb.SessionOptions(env="sokoban", config_json="[1]"))
     assert bad_json.field == "config_json"
     reset = _grpc(grpc_server.reset_item, pb.ResetItem(session_id="s-1", seed=-1))

@@ -79,9 +79,7 @@ def variant(env: str, config: dict, **attrs) -> type[ServerContract]:
 
 TestPlaceTwoCube = variant("primitive_skill", {"task": "PlaceTwoCube"}, truth_tolerance=2.0)
 TestStackThreeCube = variant("primitive_skill", {"task": "StackThreeCube"}, truth_tolerance=2.0)
-TestPutAppleInDrawer = variant(
-    "primitive_skill", {"task": "PutAppleInDrawer"}, truth_tolerance=2.0
-)
+TestPutAppleInDrawer = variant("primitive_skill", {"task": "PutAppleInDrawer"}, truth_tolerance=2.0)
 TestNavigationCommonSense = variant("navigation", {"task_set": "common_sense"})
 TestNavigationComplexInstruction = variant("navigation", {"task_set": "complex_instruction"})
 TestNavigationVisualAppearance = variant("navigation", {"task_set": "visual_appearance"})

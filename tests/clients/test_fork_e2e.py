@@ -47,7 +47,10 @@ def test_rest_fork_single_and_batch(servers):
         replies = resp.json()["replies"]
         assert len(replies) == 2 and {r["session_id"] for r in replies}.isdisjoint({sid})
         for reply in replies:
-            assert reply["step_index"] == 1 and reply["observation"]["ground_truth"]["player"] == [0, 1]
+            assert reply["step_index"] == 1 and reply["observation"]["ground_truth"]["player"] == [
+                0,
+                1,
+            ]
             assert reply["info"]["fork"] == {"source": sid, "exact": True, "tolerance": None}
         fid = replies[0]["session_id"]
         stepped = http.post(f"/v1/sessions/{fid}/step", json={"step_index": 1, "response": RIGHT})
@@ -87,7 +90,9 @@ def test_sdk_fork_answers_like_the_source(servers, transport):
         assert all(client.next_step_index(f.session_id) == 1 for f in forks)
         ids = [sid] + [f.session_id for f in forks]
         after = client.step(ids, [RIGHT] * 3)
-        assert len({(r.observation.text, r.reward, r.observation.images[0].data) for r in after}) == 1
+        assert (
+            len({(r.observation.text, r.reward, r.observation.images[0].data) for r in after}) == 1
+        )
         with pytest.raises(CapacityError):
             client.fork(sid, 4)  # 3 open, cap 6
         results = client.fork_many([sid, "s-0000000000000000"], [1, 1], return_exceptions=True)

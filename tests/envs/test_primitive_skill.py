@@ -192,7 +192,9 @@ def test_random_primitives_never_break_the_episode(envs, task):
             target = list(gt["objects"].values())[rng.integers(len(gt["objects"]))]
             noisy = [int(v + rng.integers(-40, 40)) for v in target]
             if kind == "push":
-                actions.append(Action("push", (*noisy, *[int(v) for v in rng.integers(-150, 150, 3)])))
+                actions.append(
+                    Action("push", (*noisy, *[int(v) for v in rng.integers(-150, 150, 3)]))
+                )
             else:
                 actions.append(Action(str(kind), tuple(noisy)))
         tr = env.step(actions)

@@ -27,12 +27,25 @@ def test_e2e_rest_session_solved_by_oracle_primitives(start_visenv_server):
         try:
             envs = {e["name"]: e for e in c.get("/v1/envs").json()["envs"]}
             assert envs["primitive_skill"]["available"] is True
-            assert envs["primitive_skill"]["action_space"]["arity"] == {"pick": 3, "place": 3, "push": 6}
-            bad = c.post("/v1/sessions", json={"env": "primitive_skill", "config": {"task": "Juggle"}})
+            assert envs["primitive_skill"]["action_space"]["arity"] == {
+                "pick": 3,
+                "place": 3,
+                "push": 6,
+            }
+            bad = c.post(
+                "/v1/sessions", json={"env": "primitive_skill", "config": {"task": "Juggle"}}
+            )
             assert bad.status_code == 422 and bad.json()["error"]["code"] == "INVALID_ARGUMENT"
 
-            reply = c.post("/v1/sessions", json={"env": "primitive_skill", "config": config,
-                                                 "seed": 11, "format": "free_think"})
+            reply = c.post(
+                "/v1/sessions",
+                json={
+                    "env": "primitive_skill",
+                    "config": config,
+                    "seed": 11,
+                    "format": "free_think",
+                },
+            )
             assert reply.status_code == 200, reply.text
             reply = reply.json()
             sid = reply["session_id"]
@@ -42,8 +55,10 @@ def test_e2e_rest_session_solved_by_oracle_primitives(start_visenv_server):
             assert truth == local.reset(11).ground_truth
 
             # an invalid primitive is a normal reply, not an error
-            step = c.post(f"/v1/sessions/{sid}/step",
-                          json={"step_index": 0, "actions": [{"name": "place", "args": [0, 0, 20]}]})
+            step = c.post(
+                f"/v1/sessions/{sid}/step",
+                json={"step_index": 0, "actions": [{"name": "place", "args": [0, 0, 20]}]},
+            )
             assert step.status_code == 200, step.text
             step = step.json()
             assert step["info"]["actions_executed"] == 0

@@ -131,7 +131,8 @@ def test_folder_and_jsonl_sources(tmp_path, monkeypatch) -> None:
     with pytest.raises(ValueError, match="not both"):
         SvgConfig(svg_dir=str(folder), jsonl_path=str(jsonl))
     assert [i.id for i in SvgEnv(SvgConfig(svg_dir="icons", split="all")).icons][:2] == [
-        "blue", "huge",
+        "blue",
+        "huge",
     ]  # fmt: skip  (relative names are inside the data folder)
 
 

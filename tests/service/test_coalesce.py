@@ -65,9 +65,7 @@ def test_concurrent_single_calls_share_messages_and_get_their_own_replies(run, s
     run(main())
 
 
-def test_a_window_gathers_company_under_concurrency_and_a_lone_request_goes_at_once(
-    run, service
-):
+def test_a_window_gathers_company_under_concurrency_and_a_lone_request_goes_at_once(run, service):
     async def main():
         worker = service.workers[0]
         worker.coalesce_window, worker.coalesce_max_items = 0.2, 4

@@ -90,8 +90,10 @@ def test_stuck_worker_is_replaced_and_its_sessions_lost(server, stub):
     with server.client() as c:
         health = _wait_workers_alive(c)
         restarts = health["worker_restarts"]
-        ids = [c.post("/v1/sessions", json={"env": "tiny", "seed": s}).json()["session_id"]
-               for s in range(4)]  # fmt: skip  (two on each worker)
+        ids = [
+            c.post("/v1/sessions", json={"env": "tiny", "seed": s}).json()["session_id"]
+            for s in range(4)
+        ]  # fmt: skip  (two on each worker)
         started = time.monotonic()
         stuck = c.post(f"/v1/sessions/{ids[0]}/step", json={
             "step_index": 0, "actions": [{"name": "Hang"}]}, timeout=60)  # fmt: skip

@@ -160,8 +160,14 @@ def test_bad_fork_items_get_their_own_errors(run, service):
     (source,) = run(service.create([{"env": "tiny"}]))
     sid = source.session_id
     zero, unknown, ok, missing = run(
-        service.fork([{"session_id": sid, "n": 0}, {"session_id": "s-none", "n": 1},
-                      {"session_id": sid, "n": 1}, {"n": 1}])  # fmt: skip
+        service.fork(
+            [
+                {"session_id": sid, "n": 0},
+                {"session_id": "s-none", "n": 1},
+                {"session_id": sid, "n": 1},
+                {"n": 1},
+            ]
+        )  # fmt: skip
     )
     assert zero.code == "INVALID_ARGUMENT" and zero.field == "n"
     assert unknown.code == "NOT_FOUND" and isinstance(ok, list)

@@ -94,6 +94,8 @@ def test_judge_endpoints_are_the_operators_choice(judge_url):
 
     elsewhere, secret, allowed = asyncio.run(main())
     assert isinstance(elsewhere, ServiceError) and elsewhere.code == "INVALID_ARGUMENT"
-    assert elsewhere.field == "reasoning.judge.base_url" and "VISENV_JUDGE_URLS" in elsewhere.message
+    assert (
+        elsewhere.field == "reasoning.judge.base_url" and "VISENV_JUDGE_URLS" in elsewhere.message
+    )
     assert isinstance(secret, ServiceError) and secret.field == "reasoning.judge.api_key_env"
     assert isinstance(allowed, SessionReply)

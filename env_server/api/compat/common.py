@@ -75,9 +75,7 @@ class IdTable:
     def __init__(self, max_entries: int, idle_timeout: float) -> None:
         self.max_entries = max_entries
         self.idle_timeout = idle_timeout
-        self._entries: collections.OrderedDict[tuple[str, str], Binding] = (
-            collections.OrderedDict()
-        )
+        self._entries: collections.OrderedDict[tuple[str, str], Binding] = collections.OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -249,7 +249,9 @@ def state_prompt(env: Environment, representation: Representation) -> StatePromp
             "then one legend line such as 'A = you (facing up), T = chair (target), "
             "a = desk'."
         )
-        reminder = f"as a grid of {geometry.SYMBOLIC_CELL:g} m cells with 'A' you facing up and a legend"
+        reminder = (
+            f"as a grid of {geometry.SYMBOLIC_CELL:g} m cells with 'A' you facing up and a legend"
+        )
     else:
         instruction = (
             f"{where} in sentences, one per object, each giving its distance in metres and "

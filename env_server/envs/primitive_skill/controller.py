@@ -138,8 +138,11 @@ class Skills:
         """Direction (radians, in the table plane) to the nearest other object around `at`;
         objects right below `at` (a support) and far away ones do not count."""
         near = [
-            p[:2] - at[:2] for n, points in self.task.obstacles().items() if n != exclude
-            for p in points if 0.02 < np.linalg.norm(p[:2] - at[:2]) < NEIGHBOUR_RANGE
+            p[:2] - at[:2]
+            for n, points in self.task.obstacles().items()
+            if n != exclude
+            for p in points
+            if 0.02 < np.linalg.norm(p[:2] - at[:2]) < NEIGHBOUR_RANGE
         ]
         if not near:
             return None
@@ -160,8 +163,9 @@ class Skills:
         if self.held is not None:
             raise PrimitiveError(f"already holding the {self.held}; place it first")
         positions = self.task.positions()
-        grasp_points = {n: positions[n] + [0, 0, self.task.grasp_offset(n)]
-                        for n in self.task.graspable}
+        grasp_points = {
+            n: positions[n] + [0, 0, self.task.grasp_offset(n)] for n in self.task.graspable
+        }
         name, point = min(grasp_points.items(), key=lambda kv: np.linalg.norm(kv[1] - p))
         if np.linalg.norm(point - p) > PICK_RADIUS:
             raise PrimitiveError("there is no object to pick at that point")
@@ -193,8 +197,9 @@ class Skills:
         offset = self.task.positions()[self.held] - arm.tcp  # object centre relative to the TCP
         tcp_goal = p - offset + [0, 0, PLACE_CLEARANCE]
         turns = [arm.yaw + k * np.pi / 2 for k in (0, 1, -1)]  # quarter turns keep a cube square
-        yaw = self._best_yaw([y for y in turns if abs(y) <= 0.75 * np.pi],
-                             self._neighbour_heading(p, self.held))
+        yaw = self._best_yaw(
+            [y for y in turns if abs(y) <= 0.75 * np.pi], self._neighbour_heading(p, self.held)
+        )
         self._go(tcp_goal + [0, 0, SAFE_HEIGHT], yaw)
         self._go(tcp_goal)
         arm.set_gripper(GRIPPER_OPEN)

@@ -79,14 +79,17 @@ def _backend_problem() -> str | None:
     # that a broken driver cannot take the server down
     probe = "import sapien; sapien.render.RenderSystem()"
     try:
-        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+        )
     except subprocess.TimeoutExpired:
         return "probing SAPIEN's Vulkan renderer timed out"
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["unknown error"])[-1]
-        return (f"SAPIEN found no usable Vulkan device ({last}); install a GPU driver or "
-                "Mesa >= 24.3 lavapipe (scripts/install_vulkan.sh)")
+        return (
+            f"SAPIEN found no usable Vulkan device ({last}); install a GPU driver or "
+            "Mesa >= 24.3 lavapipe (scripts/install_vulkan.sh)"
+        )
     return None
 
 
@@ -101,11 +104,15 @@ def _fmt(p: list[int]) -> str:
 class PrimitiveSkillEnv(Environment):
     name = "primitive_skill"
     Config = PrimitiveSkillConfig
-    description = ("Panda arm on a table (ManiSkill3): pick / place / push in millimetres; "
-                   "AlignTwoCube, PlaceTwoCube, StackThreeCube, PutAppleInDrawer")
-    fork_tolerance = ("contact caches are not part of the simulator state: after a fork a "
-                      "held or resting object may settle, so positions can differ from the "
-                      "source's by up to 5 mm (and images by a few pixels)")
+    description = (
+        "Panda arm on a table (ManiSkill3): pick / place / push in millimetres; "
+        "AlignTwoCube, PlaceTwoCube, StackThreeCube, PutAppleInDrawer"
+    )
+    fork_tolerance = (
+        "contact caches are not part of the simulator state: after a fork a "
+        "held or resting object may settle, so positions can differ from the "
+        "source's by up to 5 mm (and images by a few pixels)"
+    )
     grading: ClassVar[GradingSpec] = grading.GRADING
     seed_bits = 32  # ManiSkill seeds numpy's legacy generator: larger seeds are mapped onto it
 
@@ -172,7 +179,9 @@ class PrimitiveSkillEnv(Environment):
         for action in actions:
             label = self._label(action)
             if self._used >= self.config.max_primitives:
-                invalid.append(f"{label}: the episode's {self.config.max_primitives} primitives are used up")
+                invalid.append(
+                    f"{label}: the episode's {self.config.max_primitives} primitives are used up"
+                )
                 continue
             try:
                 name, points, clipped = self._parse(action)
@@ -213,8 +222,12 @@ class PrimitiveSkillEnv(Environment):
             success=success,
             actions_executed=executed,
             invalid_actions=invalid,
-            info={"stage_score": stage_score(stages), "start_score": self._start_score,
-                  "primitives_used": self._used, "results": results},
+            info={
+                "stage_score": stage_score(stages),
+                "start_score": self._start_score,
+                "primitives_used": self._used,
+                "results": results,
+            },
         )
 
     def _oracle(self) -> list[Action]:
@@ -248,7 +261,7 @@ class PrimitiveSkillEnv(Environment):
         highs = [hi for _, hi in self.task.workspace_mm]
         points, clipped = [], False
         for k in range(0, len(values), 3):
-            mm = np.round(values[k:k + 3])
+            mm = np.round(values[k : k + 3])
             inside = np.clip(mm, lows, highs)
             clipped |= bool(np.any(inside != mm))
             points.append(inside / 1000.0)
@@ -282,9 +295,14 @@ class PrimitiveSkillEnv(Environment):
             return json.dumps(flat)
         if representation is Representation.NATURAL:
             held = state.get("holding")
-            out = [f"The gripper is at {_fmt(state['gripper'])} mm, "
-                   + (f"holding the {held.replace('_', ' ')}." if held else "holding nothing.")]
-            out += [f"The {n.replace('_', ' ')} is at {_fmt(p)} mm." for n, p in state["objects"].items()]
+            out = [
+                f"The gripper is at {_fmt(state['gripper'])} mm, "
+                + (f"holding the {held.replace('_', ' ')}." if held else "holding nothing.")
+            ]
+            out += [
+                f"The {n.replace('_', ' ')} is at {_fmt(p)} mm."
+                for n, p in state["objects"].items()
+            ]
             return " ".join(out)
         return grading.grid(flat, state.get("workspace_mm") or self.task.workspace_mm)
 
@@ -296,8 +314,12 @@ class PrimitiveSkillEnv(Environment):
         used by `reasoning/` instead of its grid readers (see `grading.py`)."""
         true_grid = grading.grid(grading.positions_only(truth), self.task.workspace_mm)
         return grading.grade(
-            text, truth, Representation(representation).value, self.grading.tolerance,
-            true_grid, grading.LETTERS,
+            text,
+            truth,
+            Representation(representation).value,
+            self.grading.tolerance,
+            true_grid,
+            grading.LETTERS,
         )
 
     def state_prompt(self, representation: Representation) -> StatePrompt:
@@ -368,13 +390,21 @@ class PrimitiveSkillEnv(Environment):
         sim = _clone(self.scene.get_state_dict())
         episode = {k: copy.deepcopy(getattr(self, k)) for k in _EPISODE_FIELDS}
         arm = (self.arm.gripper, self.arm.yaw, self.arm.steps)
-        return {"task": self.task.name, "sim": sim, "episode": episode, "arm": arm,
-                "held": self.skills.held}
+        return {
+            "task": self.task.name,
+            "sim": sim,
+            "episode": episode,
+            "arm": arm,
+            "held": self.skills.held,
+        }
 
     def _restore(self, snapshot: Any) -> None:
         if snapshot.get("task") != self.task.name:
-            raise EnvError(f"snapshot of {snapshot.get('task')!r} cannot be restored into a "
-                           f"{self.task.name!r} scene", code="INVALID_ARGUMENT")
+            raise EnvError(
+                f"snapshot of {snapshot.get('task')!r} cannot be restored into a "
+                f"{self.task.name!r} scene",
+                code="INVALID_ARGUMENT",
+            )
         if self._seed is None:  # the arm and skills are made at the first reset
             self.reset(snapshot["episode"]["_seed"])
         self.scene.set_state_dict(_clone(snapshot["sim"]))

@@ -44,8 +44,15 @@ Position = tuple[float, ...]
 
 GRID_CELL_MM = 50  # the symbolic representation's top-down grid
 SYMBOLS = {  # symbolic grid letters; '.' is an empty cell
-    "gripper": "E", "red_cube": "R", "green_cube": "G", "purple_cube": "P",
-    "left_target": "L", "right_target": "T", "apple": "A", "drawer": "D", "drawer_handle": "H",
+    "gripper": "E",
+    "red_cube": "R",
+    "green_cube": "G",
+    "purple_cube": "P",
+    "left_target": "L",
+    "right_target": "T",
+    "apple": "A",
+    "drawer": "D",
+    "drawer_handle": "H",
 }
 LETTERS = {s: n for n, s in SYMBOLS.items()}
 # world-model grading: positions in mm, matched within 30 mm; relations from the gripper
@@ -235,8 +242,12 @@ def state_prompt(
     rep = Representation(representation)
     (x0, x1), (y0, y1), _ = workspace_mm
     objects = {n: [int(x0) + 125, int(y0) + 50 + 100 * i, 20] for i, n in enumerate(names)}
-    before = {"gripper": [int(x0) + 25, int((y0 + y1) / 2), 150], "objects": objects,
-              "holding": None, "workspace_mm": [[x0, x1], [y0, y1]]}
+    before = {
+        "gripper": [int(x0) + 25, int((y0 + y1) / 2), 150],
+        "objects": objects,
+        "holding": None,
+        "workspace_mm": [[x0, x1], [y0, y1]],
+    }
     first = names[0]
     x, y, z = objects[first]
     lifted = [x, y, 100]
@@ -244,26 +255,36 @@ def state_prompt(
     where = "<observation> and <prediction> describe the state"
     spelled = ", ".join(names)
     if rep is Representation.STRUCTURED:
-        instruction = (f"{where} as one JSON object mapping \"gripper\" and each object "
-                       f"({spelled}) to its [x, y, z] position in integer millimetres.")
+        instruction = (
+            f'{where} as one JSON object mapping "gripper" and each object '
+            f"({spelled}) to its [x, y, z] position in integer millimetres."
+        )
         reminder = "as a JSON object of [x, y, z] positions in mm"
     elif rep is Representation.SYMBOLIC:
-        legend = ", ".join(f"{s} {n.replace('_', ' ')}" for n, s in SYMBOLS.items()
-                           if n == "gripper" or n in names)
+        legend = ", ".join(
+            f"{s} {n.replace('_', ' ')}" for n, s in SYMBOLS.items() if n == "gripper" or n in names
+        )
         instruction = (
             f"{where} as a top-down grid of {GRID_CELL_MM} mm cells over the workspace: one "
             f"line per {GRID_CELL_MM} mm of x (the first line nearest the robot, from x = "
             f"{x0:g}), one character per {GRID_CELL_MM} mm of y (the first from y = {y0:g}), "
-            f"'.' for an empty cell and the letters: {legend}.")
+            f"'.' for an empty cell and the letters: {legend}."
+        )
         reminder = f"as a top-down grid of {GRID_CELL_MM} mm cells"
     else:
         instruction = (
             f"{where} in sentences giving the position of the gripper and of each object "
             "as (x, y, z) in millimetres, one sentence each, e.g. 'The gripper is at "
             "(0, 0, 150) mm, holding nothing.' and 'The red cube is at (50, -120, 20) mm.'; "
-            f"a coordinate within {GRADING.tolerance:g} mm counts as right.")
+            f"a coordinate within {GRADING.tolerance:g} mm counts as right."
+        )
         reminder = "as sentences with (x, y, z) positions in mm"
     return StatePrompt.written(
-        env, rep, instruction=instruction, reminder=reminder, before=before, after=after,
+        env,
+        rep,
+        instruction=instruction,
+        reminder=reminder,
+        before=before,
+        after=after,
         answer=f"pick({x}, {y}, {z})",
     )

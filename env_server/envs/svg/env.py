@@ -312,7 +312,7 @@ class SvgEnv(Environment):
             )
         return (
             f"You have {cfg.max_attempts} attempt(s). After an answer that does not succeed you "
-            f"are only told \"{cfg.feedback_phrase}\" (no rendering, no score); the reward of "
+            f'are only told "{cfg.feedback_phrase}" (no rendering, no score); the reward of '
             f"attempt k is multiplied by {cfg.reward_decay:g}^(k-1), and repeating an earlier "
             f"SVG costs {cfg.repeat_penalty:g}.\n"
         )

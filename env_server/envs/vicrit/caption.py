@@ -289,8 +289,12 @@ def _relation_sentences(scene: Scene, key: str) -> list[Sentence]:
     anchor_name = scene.spec.anchor
     return [
         replace(
-            sentence(f"{article} {key} is {{}} the {anchor_name}.", (relation_slot(*a),),
-                     truth, f"relation:{key}"),  # fmt: skip
+            sentence(
+                f"{article} {key} is {{}} the {anchor_name}.",
+                (relation_slot(*a),),
+                truth,
+                f"relation:{key}",
+            ),  # fmt: skip
             words=(relation_phrase(*a),),
         )
         for a in axes
@@ -551,4 +555,3 @@ def make_scene(source: str, env: Environment, ground_truth: dict[str, Any], seed
         truth=json.loads(env.describe(ground_truth, Representation.STRUCTURED)),
         spec=env.grading if env.grading is not None else GradingSpec(),
     )
-

@@ -59,9 +59,7 @@ def draw_category(
     within a couple of episodes of its share; random: an independent draw from `rng`.
     """
     names = [
-        c
-        for c in cap.CATEGORIES
-        if weights.get(c, 0.0) > 0 and (present is None or c in present)
+        c for c in cap.CATEGORIES if weights.get(c, 0.0) > 0 and (present is None or c in present)
     ]
     if not names:
         raise EnvError(

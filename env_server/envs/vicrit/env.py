@@ -225,7 +225,7 @@ class VicritEnv(Environment):
             "Find that span and answer with it alone, word for word as it is written in the "
             "caption: no quotes, no explanation, no correction. Case and punctuation do not "
             "matter, but every word must be the span's and nothing more.\n"
-            f"Example: for the caption \"{_EXAMPLE_CAPTION}\" of a picture with three "
+            f'Example: for the caption "{_EXAMPLE_CAPTION}" of a picture with three '
             f"apples, the answer is: {_EXAMPLE_SPAN}\n"
             "Reward: 1 for the exact span, 0 otherwise."
         )
@@ -237,7 +237,7 @@ class VicritEnv(Environment):
             )
             text += (
                 f"\nYou have {cfg.max_attempts} attempt(s). After a wrong answer you are only "
-                f"told \"{cfg.feedback_phrase}\"{decay}, and repeating an earlier answer costs "
+                f'told "{cfg.feedback_phrase}"{decay}, and repeating an earlier answer costs '
                 f"{cfg.repeat_penalty:g}."
             )
         return text
@@ -258,8 +258,7 @@ class VicritEnv(Environment):
         forms = {
             Representation.NATURAL: "in a sentence",
             Representation.SYMBOLIC: "as 'span=...; category=...; original=...'",
-            Representation.STRUCTURED: 'as one JSON object with "span", "category" and '
-            '"original"',
+            Representation.STRUCTURED: 'as one JSON object with "span", "category" and "original"',
         }
         instruction = (
             "<observation> says what the image really shows where the caption is wrong, and "
