@@ -31,6 +31,10 @@
         --out runs/reactive-arms-$s --json runs/reactive-arms-$s.json & done; wait
     .venv/bin/python examples/learn_frozenlake.py --merge runs/reactive-{,arms-}{0,1,2}.json \\
         --json docs/learn_frozenlake_reactive.json --plot docs/learn_frozenlake_reactive.png
+    # the same from a warm-up on the oracle's moves stopped after 400 steps (one that
+    # leaves room to learn): $F with "--warm-up-policy oracle --demo-levels 512
+    # --warmup-steps 400" in place of "--warm-up-policy random --demo-levels 128
+    # --warmup-epochs 4" (docs/trainer.md, "from a warm-up stopped early")
     # the learning test's warm-up, again (byte-identical on the same machine)
     .venv/bin/python examples/learn_frozenlake.py --write-test-warm-up DIR
 
