@@ -31,6 +31,10 @@
         --out runs/reactive-arms-$s --json runs/reactive-arms-$s.json & done; wait
     .venv/bin/python examples/learn_frozenlake.py --merge runs/reactive-{,arms-}{0,1,2}.json \\
         --json docs/learn_frozenlake_reactive.json --plot docs/learn_frozenlake_reactive.png
+    # the same from a warm-up on the oracle's moves stopped after 400 steps (one that
+    # leaves room to learn): $F with "--warm-up-policy oracle --demo-levels 512
+    # --warmup-steps 400" in place of "--warm-up-policy random --demo-levels 128
+    # --warmup-epochs 4" (docs/trainer.md, "from a warm-up stopped early")
     # the learning test's warm-up, again (byte-identical on the same machine)
     .venv/bin/python examples/learn_frozenlake.py --write-test-warm-up DIR
 
@@ -341,16 +345,24 @@ def evaluate_model(client, model, layout, seeds, variant, max_new_tokens) -> dic
 # ----------------------------------------------------------------------------- warm-up
 
 
-def warm_up(model, layout, episodes, epochs: int, lr: float, seed: int, batch_size: int = 8):
-    """Supervised fine-tuning: cross-entropy on the response tokens of oracle episodes."""
+def warm_up(model, layout, episodes, epochs: int, lr: float, seed: int, batch_size: int = 8,
+            steps: int | None = None):  # fmt: skip
+    """Supervised fine-tuning: cross-entropy on the response tokens of oracle episodes.
+    With `steps`, exactly that many optimiser steps (epochs reshuffled as needed, the
+    last one cut short) instead of `epochs` whole epochs: a warm-up stopped early."""
     image_id = layout.tok.convert_tokens_to_ids(layout.p.image_token)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed)
     losses = []
     model.train()
+    per_epoch = -(-len(episodes) // batch_size)
+    if steps is not None:
+        epochs = -(-steps // per_epoch)
+    left = per_epoch * epochs if steps is None else steps
     for _ in range(epochs):
         total, count = 0.0, 0
-        for idx in torch.randperm(len(episodes), generator=g).split(batch_size):
+        for idx in torch.randperm(len(episodes), generator=g).split(batch_size)[:left]:
+            left -= 1
             batch = collate([episodes[i] for i in idx.tolist()], layout.pad_id, image_id)
             logp, _, _ = policy_forward(model, batch, 1.0, suppressed=layout.suppressed)
             mask = batch.loss_mask.float()
@@ -434,6 +446,9 @@ def main() -> None:
     ap.add_argument("--plan-levels", type=int, default=1000, help="levels the fixed plan is fit on")
     ap.add_argument("--warmup-epochs", type=int, default=8)
     ap.add_argument("--warmup-lr", type=float, default=3e-3)
+    ap.add_argument("--warmup-steps", type=int, default=None,
+                    help="stop the warm-up after this many steps of 8 episodes (overrides "
+                    "--warmup-epochs): a warm-up that reads only a little")  # fmt: skip
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--ppo-iterations", type=int, default=8)
@@ -630,7 +645,8 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
         # nothing about the level (blind), so everything above random is PPO's
         choose = oracle if args.warm_up_policy == "oracle" else random_policy(1000 + seed)
         demos = oracle_demos(client, layout, demo_seeds, cfg_env, choose)
-        losses = warm_up(model, layout, demos, args.warmup_epochs, args.warmup_lr, seed)
+        losses = warm_up(model, layout, demos, args.warmup_epochs, args.warmup_lr, seed,
+                         steps=args.warmup_steps)  # fmt: skip
         warm = save_policy(model, processing, out / "warm")
         extra = {"warmup_loss": losses,
                  "tokens_per_demo": float(np.mean([len(e.input_ids) for e in demos]))}  # fmt: skip
