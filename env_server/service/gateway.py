@@ -47,6 +47,7 @@ from .models import (
     EnvSpec,
     ForkItem,
     ResetItem,
+    Result,
     ServiceError,
     SessionOptions,
     SessionReply,
@@ -56,7 +57,6 @@ from .protocol import check_batch, check_env, unknown_session, validate
 from .session_ids import NODE_PATTERN, Origin, origin_of
 from .upstream import Upstream, UpstreamDown
 
-Result = SessionReply | ServiceError
 log = logging.getLogger("visenv.gateway")
 HEALTH_PROBE_SECONDS = 2.0  # how long /health waits for the upstreams' own figures
 

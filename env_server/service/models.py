@@ -261,6 +261,10 @@ class ServiceError(Exception):
         return cls("INVALID_ARGUMENT", f"{name or 'request'}: {err['msg']}", name)
 
 
+# what a service answers for one item: its reply, or its error in its place
+Result = SessionReply | ServiceError
+
+
 def _rebuild_error(code: str, message: str, field: str | None, error_id: str | None):
     error = ServiceError(code, message, field)
     error.error_id = error_id
@@ -270,6 +274,6 @@ def _rebuild_error(code: str, message: str, field: str | None, error_id: str | N
 __all__ = [
     "MAX_FORKS", "SEED_LIMIT", "Seed", "ActionModel", "BatchClose", "BatchCreate", "BatchFork", "BatchReset",
     "BatchStep", "EnvSpec", "ForkBody", "ForkItem", "ImageEncoding",
-    "ResetBody", "ResetItem", "RewardParts", "ServiceError", "SessionOptions", "SessionReply",
+    "ResetBody", "ResetItem", "Result", "RewardParts", "ServiceError", "SessionOptions", "SessionReply",
     "StepBody", "StepItem",
 ]  # fmt: skip

@@ -24,13 +24,13 @@ from .models import (
     EnvSpec,
     ForkItem,
     ResetItem,
+    Result,
     ServiceError,
     SessionOptions,
     SessionReply,
     StepItem,
 )
 
-Result = SessionReply | ServiceError
 M = TypeVar("M", bound=BaseModel)
 
 

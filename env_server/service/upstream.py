@@ -20,9 +20,7 @@ import grpc
 from visenv import wire
 from visenv.v1 import visenv_pb2 as pb
 
-from .models import EnvSpec, ServiceError, SessionReply
-
-Result = SessionReply | ServiceError
+from .models import EnvSpec, Result, ServiceError, SessionReply
 
 
 class UpstreamDown(Exception):
