@@ -48,7 +48,8 @@ def test_cache_reuses_unchanged_frames_and_sees_in_place_changes(image):
 
 @pytest.mark.parametrize("shape", [(1, 1, 3), (96, 96, 3), (7, 300, 3), (513, 5, 3)])
 def test_png_decodes_to_the_same_pixels_in_pillow_and_opencv(shape):
-    """The PNG is written by this module (zlib, no row filter): every decoder reads the array."""
+    """The PNG this module writes (OpenCV's encoder, no row filter) reads back the same in
+    another decoder: Pillow and OpenCV both give the array."""
     import io
 
     import cv2
