@@ -385,7 +385,8 @@ def generate(
 
 def cells_rc(level: Level, cells: Iterable[int]) -> list[list[int]]:
     """Flat cells as sorted [row, col] lists (JSON-friendly)."""
-    return [list(level.rc(c)) for c in sorted(cells)]
+    width = level.width
+    return [[c // width, c % width] for c in sorted(cells)]
 
 
 def parse(text: str) -> Level:
