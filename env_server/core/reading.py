@@ -330,8 +330,7 @@ def _axis(clause: str, a: str, b: str, same: str) -> tuple[str | None, bool]:
 
 def parse_natural(text: str, object_types: Iterable[str], spec: GradingSpec) -> list[Relation]:
     """Relation claims in `text` about the given object types (and the anchor)."""
-    types = sorted({t for t in object_types if t not in spec.ignore and "." not in t}, key=len)
-    names, mention = _mention_pattern(tuple(types))
+    names, mention = _mention_pattern(tuple(object_types), spec.ignore)
     if mention.search(text) is None:
         return []  # no object named anywhere (a grid, say): no clause can hold a claim
     ignored = _ignored_pattern(tuple(spec.ignore))
@@ -365,8 +364,12 @@ def parse_natural(text: str, object_types: Iterable[str], spec: GradingSpec) -> 
 
 
 @functools.lru_cache(maxsize=256)
-def _mention_pattern(types: tuple[str, ...]) -> tuple[list[tuple[str, str]], re.Pattern[str]]:
-    """(type, name) pairs, longest names first, and the regex finding their mentions."""
+def _mention_pattern(
+    object_types: tuple[str, ...], ignore: tuple[str, ...]
+) -> tuple[list[tuple[str, str]], re.Pattern[str]]:
+    """(type, name) pairs of the graded types, longest names first, and the regex finding
+    their mentions (worked out once per set of types: every graded sentence asks)."""
+    types = sorted({t for t in object_types if t not in ignore and "." not in t}, key=len)
     names = [(t, t.replace("_", " ")) for t in reversed(types)]  # longest names first
     mention = re.compile(
         r"\b(?:"
