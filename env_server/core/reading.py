@@ -330,9 +330,11 @@ def _axis(clause: str, a: str, b: str, same: str) -> tuple[str | None, bool]:
 
 def parse_natural(text: str, object_types: Iterable[str], spec: GradingSpec) -> list[Relation]:
     """Relation claims in `text` about the given object types (and the anchor)."""
-    names, mention = _mention_pattern(tuple(object_types), spec.ignore)
+    names, mention, contained = _mention_pattern(tuple(object_types), spec.ignore)
+    if contained is not None and text.isascii() and contained.search(text.lower()) is None:
+        return []  # no name even inside a word (a grid, say): the regex can't find one
     if mention.search(text) is None:
-        return []  # no object named anywhere (a grid, say): no clause can hold a claim
+        return []  # no object named anywhere: no clause can hold a claim
     ignored = _ignored_pattern(tuple(spec.ignore))
     claims: list[Relation] = []
     for sentence in _SENTENCES.split(text):
@@ -366,9 +368,16 @@ def parse_natural(text: str, object_types: Iterable[str], spec: GradingSpec) -> 
 @functools.lru_cache(maxsize=256)
 def _mention_pattern(
     object_types: tuple[str, ...], ignore: tuple[str, ...]
-) -> tuple[list[tuple[str, str]], re.Pattern[str]]:
-    """(type, name) pairs of the graded types, longest names first, and the regex finding
-    their mentions (worked out once per set of types: every graded sentence asks)."""
+) -> tuple[list[tuple[str, str]], re.Pattern[str], re.Pattern[str] | None]:
+    """(type, name) pairs of the graded types, longest names first, the regex finding
+    their mentions, and a plain search for the lowercased names anywhere (worked out once
+    per set of types: every graded sentence asks).
+
+    The plain search is a quick "none here" for ASCII text: a mention that the regex
+    (word boundaries, any case) finds in ASCII text is one of these names in the
+    lowercased text, so where they are all missing the regex finds nothing, ~0.5 us
+    against ~3.5 for a 6x6 grid. None when a name is not ASCII (Unicode case folding
+    matches more than `lower` does)."""
     types = sorted({t for t in object_types if t not in ignore and "." not in t}, key=len)
     names = [(t, t.replace("_", " ")) for t in reversed(types)]  # longest names first
     mention = re.compile(
@@ -378,7 +387,9 @@ def _mention_pattern(
         + r")\b",
         re.IGNORECASE,
     )
-    return names, mention
+    words = [n.lower() for _, n in names] + _ANCHOR_ALIASES.split("|")
+    contained = re.compile("|".join(map(re.escape, words))) if "".join(words).isascii() else None
+    return names, mention, contained
 
 
 @functools.lru_cache(maxsize=256)
