@@ -332,7 +332,8 @@ def _generate_with_numpy(rng, height, width, num_boxes, min_length, max_length, 
 )
 def test_generation_matches_numpys_own_draws(room):
     """The generator makes, seed for seed, the level, solution and tries that the same
-    walk with numpy's own calls makes, and leaves the generator in the same state."""
+    walk with numpy's own calls makes, and leaves the generator in the same state; given
+    the seed itself, the same level."""
     from env_server.envs.sokoban.level import generate
 
     for seed in range(400 if room[2] < 3 else 60):
@@ -341,6 +342,8 @@ def test_generation_matches_numpys_own_draws(room):
         level, solution, tries = _generate_with_numpy(theirs, *room, 200)
         assert (made.level, made.solution, made.tries) == (level, solution, tries), seed
         assert ours.bit_generator.state == theirs.bit_generator.state, seed
+        from_seed = generate(seed, *room, 200)  # default_rng(seed)'s draws, nothing handed back
+        assert (from_seed.level, from_seed.solution, from_seed.tries) == (level, solution, tries)
 
 
 def test_generation_wants_default_rngs_bit_generator():
