@@ -227,10 +227,14 @@ def _layout_pattern(fmt: ResponseFormat) -> re.Pattern[str]:
     """The whole of a well-formed response in `fmt`, each section in a group of its name
     (<think>'s group holds its inner sections too). It may accept a response whose sections
     hold tags or are empty; `_split_sections` checks those. ASCII-only case and whitespace:
-    whatever else a tag walk accepts (e.g. a non-breaking space between tags) is left to it."""
+    whatever else a tag walk accepts (e.g. a non-breaking space between tags) is left to it.
+    A section is read up to its first closing tag as runs of one character class between
+    "<"s (~3x faster than a lazy `.*?`, which tries the closing tag at every character);
+    where `.*?` would have gone on past that tag, the section held a tag: the walk's case
+    either way."""
 
     def section(name: str) -> str:
-        return rf"<{name}\s*>(?P<{name}>.*?)</{name}\s*>"
+        return rf"<{name}\s*>(?P<{name}>[^<]*(?:<(?!/{name}\s*>)[^<]*)*)</{name}\s*>"
 
     sections = SECTIONS[fmt]
     if sections == ():
