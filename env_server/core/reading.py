@@ -83,12 +83,18 @@ TrueRelations = tuple[dict[str, list[tuple[float, ...]]], dict[str, list[tuple[s
 # ---- items ---------------------------------------------------------------------
 
 
+# the unions made once: `isinstance(x, int | float)` builds its union at every call (~0.1 us
+# of ~0.15), and grading a new state checks ~20 values
+_NUMBER = int | float
+_SEQUENCE = list | tuple
+
+
 def _is_number(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
+    return isinstance(x, _NUMBER) and not isinstance(x, bool)
 
 
 def _is_position(x: Any) -> bool:
-    return isinstance(x, list | tuple) and len(x) > 0 and all(_is_number(v) for v in x)
+    return isinstance(x, _SEQUENCE) and len(x) > 0 and all(map(_is_number, x))
 
 
 def state_items(state: dict[str, Any], spec: GradingSpec) -> list[Item]:
@@ -108,8 +114,8 @@ def _add_items(items: list[Item], spec: GradingSpec, key: str, value: Any) -> No
         for sub, v in value.items():
             _add_items(items, spec, f"{key}.{normalize_key(str(sub))}", v)
     elif _is_position(value):
-        items.append(Item(key, tuple(float(v) for v in value)))
-    elif isinstance(value, list | tuple):
+        items.append(Item(key, tuple(map(float, value))))
+    elif isinstance(value, _SEQUENCE):
         for v in value:
             _add_items(items, spec, key, v)
     elif isinstance(value, str):
@@ -213,7 +219,7 @@ def canonical_keys(claimed: dict[str, Any], known: Iterable[str]) -> dict[str, A
 
 
 def _as_list(value: Any) -> list[Any]:
-    if _is_position(value) or not isinstance(value, list | tuple):
+    if _is_position(value) or not isinstance(value, _SEQUENCE):
         return [value]
     return list(value)
 
