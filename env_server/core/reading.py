@@ -83,12 +83,18 @@ TrueRelations = tuple[dict[str, list[tuple[float, ...]]], dict[str, list[tuple[s
 # ---- items ---------------------------------------------------------------------
 
 
+# the unions made once: `isinstance(x, int | float)` builds its union at every call (~0.1 us
+# of ~0.15), and grading a new state checks ~20 values
+_NUMBER = int | float
+_SEQUENCE = list | tuple
+
+
 def _is_number(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
+    return isinstance(x, _NUMBER) and not isinstance(x, bool)
 
 
 def _is_position(x: Any) -> bool:
-    return isinstance(x, list | tuple) and len(x) > 0 and all(_is_number(v) for v in x)
+    return isinstance(x, _SEQUENCE) and len(x) > 0 and all(map(_is_number, x))
 
 
 def state_items(state: dict[str, Any], spec: GradingSpec) -> list[Item]:
@@ -108,8 +114,8 @@ def _add_items(items: list[Item], spec: GradingSpec, key: str, value: Any) -> No
         for sub, v in value.items():
             _add_items(items, spec, f"{key}.{normalize_key(str(sub))}", v)
     elif _is_position(value):
-        items.append(Item(key, tuple(float(v) for v in value)))
-    elif isinstance(value, list | tuple):
+        items.append(Item(key, tuple(map(float, value))))
+    elif isinstance(value, _SEQUENCE):
         for v in value:
             _add_items(items, spec, key, v)
     elif isinstance(value, str):
@@ -213,7 +219,7 @@ def canonical_keys(claimed: dict[str, Any], known: Iterable[str]) -> dict[str, A
 
 
 def _as_list(value: Any) -> list[Any]:
-    if _is_position(value) or not isinstance(value, list | tuple):
+    if _is_position(value) or not isinstance(value, _SEQUENCE):
         return [value]
     return list(value)
 
@@ -330,10 +336,11 @@ def _axis(clause: str, a: str, b: str, same: str) -> tuple[str | None, bool]:
 
 def parse_natural(text: str, object_types: Iterable[str], spec: GradingSpec) -> list[Relation]:
     """Relation claims in `text` about the given object types (and the anchor)."""
-    types = sorted({t for t in object_types if t not in spec.ignore and "." not in t}, key=len)
-    names, mention = _mention_pattern(tuple(types))
+    names, mention, contained = _mention_pattern(tuple(object_types), spec.ignore)
+    if contained is not None and text.isascii() and contained.search(text.lower()) is None:
+        return []  # no name even inside a word (a grid, say): the regex can't find one
     if mention.search(text) is None:
-        return []  # no object named anywhere (a grid, say): no clause can hold a claim
+        return []  # no object named anywhere: no clause can hold a claim
     ignored = _ignored_pattern(tuple(spec.ignore))
     claims: list[Relation] = []
     for sentence in _SENTENCES.split(text):
@@ -365,8 +372,19 @@ def parse_natural(text: str, object_types: Iterable[str], spec: GradingSpec) -> 
 
 
 @functools.lru_cache(maxsize=256)
-def _mention_pattern(types: tuple[str, ...]) -> tuple[list[tuple[str, str]], re.Pattern[str]]:
-    """(type, name) pairs, longest names first, and the regex finding their mentions."""
+def _mention_pattern(
+    object_types: tuple[str, ...], ignore: tuple[str, ...]
+) -> tuple[list[tuple[str, str]], re.Pattern[str], re.Pattern[str] | None]:
+    """(type, name) pairs of the graded types, longest names first, the regex finding
+    their mentions, and a plain search for the lowercased names anywhere (worked out once
+    per set of types: every graded sentence asks).
+
+    The plain search is a quick "none here" for ASCII text: a mention that the regex
+    (word boundaries, any case) finds in ASCII text is one of these names in the
+    lowercased text, so where they are all missing the regex finds nothing, ~0.5 us
+    against ~3.5 for a 6x6 grid. None when a name is not ASCII (Unicode case folding
+    matches more than `lower` does)."""
+    types = sorted({t for t in object_types if t not in ignore and "." not in t}, key=len)
     names = [(t, t.replace("_", " ")) for t in reversed(types)]  # longest names first
     mention = re.compile(
         r"\b(?:"
@@ -375,7 +393,9 @@ def _mention_pattern(types: tuple[str, ...]) -> tuple[list[tuple[str, str]], re.
         + r")\b",
         re.IGNORECASE,
     )
-    return names, mention
+    words = [n.lower() for _, n in names] + _ANCHOR_ALIASES.split("|")
+    contained = re.compile("|".join(map(re.escape, words))) if "".join(words).isascii() else None
+    return names, mention, contained
 
 
 @functools.lru_cache(maxsize=256)

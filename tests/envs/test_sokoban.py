@@ -224,26 +224,133 @@ def test_system_prompt_names_actions_symbols_and_limit():
 
 
 @pytest.mark.parametrize("seed", [0, 1, 7])
-def test_generation_walks_draw_exactly_what_numpy_draws(seed):
-    """level._Walk takes numpy's place in the random walks: the same values, integers(4)
-    from either half of a 64-bit output, doubles between them, past a chunk's end, and the
+def test_generation_draws_exactly_what_numpy_draws(seed):
+    """level._Draws takes numpy's place in generation: the same values for random(),
+    integers (ranges that Lemire's method rejects in, 1, and 2**32), uniform and choice
+    without replacement, past a chunk's end, from either half of a 64-bit output, and the
     generator left as numpy leaves it (the levels of every seed depend on it)."""
-    from env_server.envs.sokoban.level import _Walk
+    from env_server.envs.sokoban.level import _Draws
 
     ours, theirs = np.random.default_rng(seed), np.random.default_rng(seed)
     ours.integers(1, 5), theirs.integers(1, 5)  # a kept 32-bit half to start from
-    walk = _Walk(ours)
+    draws = _Draws(ours)
     got, want = [], []
     for n in range(300):
-        got.append(walk.quarter())
+        got.append(draws.quarter())
         want.append(int(theirs.integers(4)))
         if n % 3 == 0:
-            got.append(walk.random())
+            got.append(draws.random())
             want.append(theirs.random())
-    walk.close()
+        high = (1, 2, 3, 5, 7, 12, 96, 2**31 + 1, 3 * 2**30 + 7, 2**32)[n % 10]
+        got.append(draws.integers(n, n + high))
+        want.append(int(theirs.integers(n, n + high)))
+        if n % 7 == 0:
+            got.append(draws.uniform(0.55, 0.8))
+            want.append(theirs.uniform(0.55, 0.8))
+        if n % 5 == 0:
+            size = 2 + n % 37
+            picks = 1 + n % size
+            got.append(draws.sample(size, picks))
+            want.append(theirs.choice(np.arange(size), size=picks, replace=False).tolist())
+    draws.close()
     assert got == want
     assert ours.bit_generator.state == theirs.bit_generator.state
     assert ours.integers(1, 1000, size=5).tolist() == theirs.integers(1, 1000, size=5).tolist()
+
+
+def _generate_with_numpy(rng, height, width, num_boxes, min_length, max_length, max_tries):
+    """Level generation as it was written before `_Draws`, every draw numpy's own call:
+    the reference the generator must match level for level."""
+    from env_server.envs.sokoban.level import DELTAS, Level, _reachable, solve
+
+    def carve():
+        interior = (height - 2) * (width - 2)
+        wanted = max(2 * num_boxes + 2, int(round(rng.uniform(0.55, 0.8) * interior)))
+        wanted = min(wanted, interior)
+        floor = np.zeros((height, width), dtype=bool)
+        r, c = int(rng.integers(1, height - 1)), int(rng.integers(1, width - 1))
+        direction = int(rng.integers(4))
+        for _ in range(50 * interior):
+            floor[r, c] = True
+            if floor.sum() >= wanted:
+                break
+            if rng.random() < 0.35:
+                direction = int(rng.integers(4))
+            dr, dc = list(DELTAS.values())[direction]
+            if 1 <= r + dr < height - 1 and 1 <= c + dc < width - 1:
+                r, c = r + dr, c + dc
+            else:
+                direction = int(rng.integers(4))
+        return floor
+
+    def spread(level, boxes):
+        w = level.width
+        return sum(
+            min(abs(b // w - t // w) + abs(b % w - t % w) for t in level.targets) for b in boxes
+        )
+
+    def reverse_play(level, steps):
+        offsets = list(level.offsets().values())
+        player, boxes = level.player, set(level.boxes)
+        best, best_score = level, 0
+        for _ in range(steps):
+            off = offsets[int(rng.integers(4))]
+            dest = player + off
+            if dest in level.walls or dest in boxes:
+                continue
+            behind = player - off
+            pulled = behind in boxes and rng.random() < 0.8
+            if pulled:
+                boxes.remove(behind)
+                boxes.add(player)
+            player = dest
+            if pulled and spread(level, boxes) > best_score:
+                best, best_score = level.moved(player, frozenset(boxes)), spread(level, boxes)
+        reachable = sorted(_reachable(best))
+        return best.moved(reachable[int(rng.integers(len(reachable)))])
+
+    for tries in range(1, max_tries + 1):
+        floor = carve()
+        cells = np.flatnonzero(floor.ravel())
+        if len(cells) < num_boxes + 2:
+            continue
+        chosen = rng.choice(cells, size=num_boxes + 1, replace=False)
+        targets = frozenset(chosen[:num_boxes].tolist())
+        walls = frozenset(np.flatnonzero(~floor.ravel()).tolist())
+        start = Level(height, width, walls, targets, targets, int(chosen[-1]))
+        level = reverse_play(start, int(rng.integers(3 * (height + width), 8 * (height + width))))
+        if level.solved:
+            continue
+        solution = solve(level, max_length=max_length)
+        if solution is not None and len(solution) >= min_length:
+            return level, solution, tries
+    return None
+
+
+@pytest.mark.parametrize(
+    "room", [(6, 6, 1, 3, 20), (7, 8, 2, 3, 40), (5, 9, 1, 1, 30), (8, 8, 3, 5, 60)]
+)
+def test_generation_matches_numpys_own_draws(room):
+    """The generator makes, seed for seed, the level, solution and tries that the same
+    walk with numpy's own calls makes, and leaves the generator in the same state; given
+    the seed itself, the same level."""
+    from env_server.envs.sokoban.level import generate
+
+    for seed in range(400 if room[2] < 3 else 60):
+        ours, theirs = np.random.default_rng(seed), np.random.default_rng(seed)
+        made = generate(ours, *room, 200)
+        level, solution, tries = _generate_with_numpy(theirs, *room, 200)
+        assert (made.level, made.solution, made.tries) == (level, solution, tries), seed
+        assert ours.bit_generator.state == theirs.bit_generator.state, seed
+        from_seed = generate(seed, *room, 200)  # default_rng(seed)'s draws, nothing handed back
+        assert (from_seed.level, from_seed.solution, from_seed.tries) == (level, solution, tries)
+
+
+def test_generation_wants_default_rngs_bit_generator():
+    from env_server.envs.sokoban.level import generate
+
+    with pytest.raises(TypeError, match="PCG64"):
+        generate(np.random.Generator(np.random.MT19937(0)), 6, 6, 1, 3, 20, 200)
 
 
 def test_generated_levels_are_pinned():

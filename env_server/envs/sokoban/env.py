@@ -127,7 +127,7 @@ class SokobanEnv(Environment):
         cfg = self.config
         rows, cols = cfg.dim_room
         generated = generate(
-            np.random.default_rng(seed),
+            seed,  # default_rng(seed)'s draws
             rows,
             cols,
             cfg.num_boxes,

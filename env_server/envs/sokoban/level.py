@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -76,8 +77,10 @@ class Level:
         return Level(self.height, self.width, self.walls, self.targets, boxes, player)
 
 
-@dataclass(frozen=True)
-class MoveResult:
+class MoveResult(NamedTuple):
+    """What one move did (a named tuple: a frozen dataclass took ~1 us to make, twice a
+    step)."""
+
     level: Level
     result: str  # "moved", "pushed" or "blocked"
     box_from: int | None = None  # for a push: where the box was
@@ -153,130 +156,180 @@ def _path(parent: dict, start: tuple, end: tuple) -> list[str]:
 # ---- generation ----------------------------------------------------------------
 
 
-class _Walk:
-    """The draws of a random walk, `rng.integers(4)` and `rng.random()`, made exactly as
-    numpy makes them but without its per-call overhead (a generated level takes ~600 of
-    them, and numpy's calls were most of generation's time).
+class _Draws:
+    """numpy's draws on `default_rng`'s bit generator (PCG64), made here from its raw
+    64-bit outputs: the very values `rng.random()`, `rng.integers(...)`, `rng.uniform(...)`
+    and `rng.choice(..., replace=False)` would give, without numpy's per-call overhead (a
+    level takes ~300 draws, and numpy's calls and the arrays around them were most of
+    generation's time).
 
-    numpy's Generator, on its default bit generator PCG64, draws `integers(4)` with
-    Lemire's method on the next 32-bit output: (u32 * 4) >> 32, the top two bits, never
-    rejected; PCG64 makes its 32-bit outputs two from each 64-bit one (the low half
-    first, the high half kept in its state for the next call). `random()` is the next
-    64-bit output's top 53 bits times 2**-53, and leaves the kept half alone. So the walk
-    takes the 64-bit outputs in chunks (`random_raw`) and splits them the same way; `close`
-    leaves the generator exactly where numpy's draws would have (the outputs used, the kept
-    half), before any other draw. Any other bit generator: numpy's own calls.
+    How numpy makes them (numpy/random/_generator.pyx and distributions.c): PCG64's 32-bit
+    outputs are the two halves of a 64-bit one, the low half first, the high half kept in
+    the generator's state (`has_uint32`, `uinteger`) for the next 32-bit draw. `random()`
+    is the next 64-bit output's top 53 bits times 2**-53 and leaves a kept half alone;
+    `uniform(a, b)` is `a + (b - a) * random()`. `integers(lo, hi)` with a range below
+    2**32 is Lemire's method on 32-bit draws, with its rejection. `choice(n, k,
+    replace=False)` is Floyd's algorithm over those bounded draws, then a Fisher-Yates
+    shuffle of the k picks by the same draws. The outputs are taken in chunks
+    (`random_raw`); `close` leaves the generator exactly where numpy's draws would have.
+    Given a seed instead of a generator, the draws are `default_rng(seed)`'s, from a
+    generator no one else holds: nothing to read first or to put back (~10 us a level).
     """
 
-    CHUNK = 64
+    CHUNK = 128
 
-    def __init__(self, rng: np.random.Generator) -> None:
-        self._rng = rng
-        self._bits = rng.bit_generator
-        self._exact = type(self._bits) is np.random.PCG64
-        if self._exact:
-            self._start = self._bits.state
+    __slots__ = ("_bits", "_start", "_chunk", "_next", "_used", "_has", "_kept")
+
+    def __init__(self, rng: np.random.Generator | int) -> None:
+        if not isinstance(rng, np.random.Generator):
+            self._bits, self._start = np.random.PCG64(rng), None
+            self._has, self._kept = 0, 0
+        else:
+            bits = rng.bit_generator
+            if type(bits) is not np.random.PCG64:
+                raise TypeError(f"level generation draws from PCG64 (default_rng), not {bits!r}")
+            self._bits = bits
+            self._start = bits.state
             self._has, self._kept = self._start["has_uint32"], self._start["uinteger"]
-            self._chunk: list[int] = []
-            self._next = 0  # in the chunk
-            self._used = 0  # 64-bit outputs taken
+        self._chunk: list[int] = []
+        self._next = 0  # in the chunk
+        self._used = 0  # 64-bit outputs taken before the chunk
 
-    def _raw(self) -> int:
-        if self._next == len(self._chunk):
-            self._chunk = self._bits.random_raw(self.CHUNK).tolist()
-            self._next = 0
-        out = self._chunk[self._next]
-        self._next += 1
-        self._used += 1
-        return out
+    def _refill(self) -> None:
+        self._used += len(self._chunk)
+        self._chunk = self._bits.random_raw(self.CHUNK).tolist()
+        self._next = 0
 
-    def quarter(self) -> int:
-        """`int(rng.integers(4))`."""
-        if not self._exact:
-            return int(self._rng.integers(4))
+    def _uint32(self) -> int:
         if self._has:
             self._has = 0
-            return self._kept >> 30
-        out = self._raw()
+            return self._kept
+        if self._next == len(self._chunk):
+            self._refill()
+        out = self._chunk[self._next]
+        self._next += 1
         self._has, self._kept = 1, out >> 32
-        return (out & 0xFFFFFFFF) >> 30
+        return out & 0xFFFFFFFF
 
     def random(self) -> float:
         """`rng.random()`."""
-        if not self._exact:
-            return float(self._rng.random())
-        return (self._raw() >> 11) * (1.0 / 9007199254740992.0)
+        if self._next == len(self._chunk):
+            self._refill()
+        out = self._chunk[self._next]
+        self._next += 1
+        return (out >> 11) * (1.0 / 9007199254740992.0)
+
+    def quarter(self) -> int:
+        """`int(rng.integers(4))`: the top two bits of a 32-bit draw (never rejected)."""
+        return self._uint32() >> 30
+
+    def below(self, n: int) -> int:
+        """`int(rng.integers(n))` for 0 < n <= 2**32: Lemire's method, with rejection."""
+        if n == 1:
+            return 0  # numpy draws nothing for a range of one value
+        m = self._uint32() * n
+        if (m & 0xFFFFFFFF) < n:
+            threshold = (0x100000000 - n) % n
+            while (m & 0xFFFFFFFF) < threshold:
+                m = self._uint32() * n
+        return m >> 32
+
+    def integers(self, low: int, high: int) -> int:
+        """`int(rng.integers(low, high))`."""
+        return low + self.below(high - low)
+
+    def uniform(self, low: float, high: float) -> float:
+        """`rng.uniform(low, high)`."""
+        return low + (high - low) * self.random()
+
+    def sample(self, n: int, k: int) -> list[int]:
+        """`rng.choice(n, size=k, replace=False).tolist()` (n up to 10,000)."""
+        picked: list[int] = []
+        for j in range(n - k, n):  # Floyd's algorithm
+            value = self.below(j + 1)
+            picked.append(j if value in picked else value)
+        for i in range(k - 1, 0, -1):  # then numpy shuffles the picks
+            j = self.below(i + 1)
+            picked[i], picked[j] = picked[j], picked[i]
+        return picked
 
     def close(self) -> None:
-        if not self._exact:
-            return
-        self._bits.state = self._start  # back to the start, then exactly the outputs used
-        if self._used:
-            self._bits.random_raw(self._used)
-        state = self._bits.state
+        """Put the generator where numpy's own draws would have left it."""
+        if self._start is None:
+            return  # made from a seed here: no one else draws from it
+        bits = self._bits
+        bits.state = self._start  # back to the start, then exactly the outputs used
+        used = self._used + self._next
+        if used:
+            bits.random_raw(used)
+        state = bits.state
         state["has_uint32"], state["uinteger"] = self._has, self._kept
-        self._bits.state = state
+        bits.state = state
 
 
-def _carve_room(rng: np.random.Generator, height: int, width: int, min_floor: int) -> np.ndarray:
-    """A connected floor area (bool grid) carved by a random walk inside the outer walls."""
+def _carve_room(draws: _Draws, height: int, width: int, min_floor: int) -> set[int]:
+    """A connected floor area (its cells) carved by a random walk inside the outer walls."""
     interior = (height - 2) * (width - 2)
-    wanted = max(min_floor, int(round(rng.uniform(0.55, 0.8) * interior)))
+    wanted = max(min_floor, round(draws.uniform(0.55, 0.8) * interior))
     wanted = min(wanted, interior)
-    floor = np.zeros((height, width), dtype=bool)
-    carved: set[tuple[int, int]] = set()  # the floor cells, counted without numpy
-    r, c = int(rng.integers(1, height - 1)), int(rng.integers(1, width - 1))
-    walk = _Walk(rng)
-    direction = walk.quarter()
-    deltas = list(DELTAS.values())
+    cell = draws.integers(1, height - 1) * width + draws.integers(1, width - 1)
+    inside = {r * width + c for r in range(1, height - 1) for c in range(1, width - 1)}
+    offsets = (-width, width, -1, 1)  # Up, Down, Left, Right
+    random, quarter = draws.random, draws.quarter
+    direction = quarter()
+    carved = set()
     for _ in range(50 * interior):
-        carved.add((r, c))
+        carved.add(cell)
         if len(carved) >= wanted:
             break
-        if walk.random() < 0.35:
-            direction = walk.quarter()
-        dr, dc = deltas[direction]
-        if 1 <= r + dr < height - 1 and 1 <= c + dc < width - 1:
-            r, c = r + dr, c + dc
+        if random() < 0.35:
+            direction = quarter()
+        step = cell + offsets[direction]
+        if step in inside:  # the walk stays inside the outer walls
+            cell = step
         else:
-            direction = walk.quarter()
-    walk.close()
-    rows, cols = zip(*carved, strict=True)
-    floor[list(rows), list(cols)] = True
-    return floor
+            direction = quarter()
+    return carved
 
 
-def _reverse_play(rng: np.random.Generator, level: Level, steps: int) -> Level:
+def _reverse_play(draws: _Draws, level: Level, steps: int) -> Level:
     """Walk the player backwards for `steps` moves, pulling boxes now and then.
 
     Returns the visited position whose boxes are farthest (Manhattan distance to the
     nearest target, summed) from the targets: the one that is likely hardest to solve.
     """
-    offsets = list(level.offsets().values())
+    offsets = tuple(level.offsets().values())
+    walls, w = level.walls, level.width
+    targets = [divmod(t, w) for t in level.targets]
+    far: dict[int, int] = {}  # a cell's distance to the nearest target, as met
     player, boxes = level.player, set(level.boxes)
-    best, best_score = level, 0
-    walk = _Walk(rng)
+    best, best_score = (player, level.boxes), 0
+    random, quarter = draws.random, draws.quarter
     for _ in range(steps):
-        off = offsets[walk.quarter()]
+        off = offsets[quarter()]
         dest = player + off
-        if dest in level.walls or dest in boxes:
+        if dest in walls or dest in boxes:
             continue
         behind = player - off
-        pulled = behind in boxes and walk.random() < PULL_PROBABILITY
+        pulled = behind in boxes and random() < PULL_PROBABILITY
         if pulled:
             boxes.remove(behind)
             boxes.add(player)
         player = dest
         if pulled:
-            score = _spread(level, boxes)
+            score = 0
+            for box in boxes:
+                if box not in far:
+                    r, c = divmod(box, w)
+                    far[box] = min(abs(r - tr) + abs(c - tc) for tr, tc in targets)
+                score += far[box]
             if score > best_score:
-                best = level.moved(player, frozenset(boxes))
-                best_score = score
-    walk.close()
+                best, best_score = (player, frozenset(boxes)), score
     # walking (without pulling) is reversible, so any cell the player can reach from there
     # keeps the level solvable
-    reachable = sorted(_reachable(best))
-    return best.moved(reachable[int(rng.integers(len(reachable)))])
+    found = level.moved(*best)
+    reachable = sorted(_reachable(found))
+    return found.moved(reachable[draws.below(len(reachable))])
 
 
 def _reachable(level: Level) -> set[int]:
@@ -293,23 +346,18 @@ def _reachable(level: Level) -> set[int]:
     return seen
 
 
-def _spread(level: Level, boxes: Iterable[int]) -> int:
-    w = level.width
-    return sum(min(abs(b // w - t // w) + abs(b % w - t % w) for t in level.targets) for b in boxes)
-
-
-def candidate(rng: np.random.Generator, height: int, width: int, num_boxes: int) -> Level | None:
+def _candidate(draws: _Draws, height: int, width: int, num_boxes: int) -> Level | None:
     """One random level (not yet checked against solution-length bounds), or None."""
-    floor = _carve_room(rng, height, width, min_floor=2 * num_boxes + 2)
-    cells = np.flatnonzero(floor.ravel())
-    if len(cells) < num_boxes + 2:
+    floor = _carve_room(draws, height, width, min_floor=2 * num_boxes + 2)
+    if len(floor) < num_boxes + 2:
         return None
-    chosen = rng.choice(cells, size=num_boxes + 1, replace=False)
-    targets = frozenset(chosen[:num_boxes].tolist())
-    walls = frozenset(np.flatnonzero(~floor.ravel()).tolist())
-    start = Level(height, width, walls, targets, boxes=targets, player=int(chosen[-1]))
-    steps = int(rng.integers(3 * (height + width), 8 * (height + width)))
-    level = _reverse_play(rng, start, steps)
+    cells = sorted(floor)
+    chosen = [cells[i] for i in draws.sample(len(cells), num_boxes + 1)]
+    targets = frozenset(chosen[:num_boxes])
+    walls = frozenset(range(height * width)).difference(floor)
+    start = Level(height, width, walls, targets, boxes=targets, player=chosen[-1])
+    steps = draws.integers(3 * (height + width), 8 * (height + width))
+    level = _reverse_play(draws, start, steps)
     return None if level.solved else level
 
 
@@ -321,7 +369,7 @@ class Generated:
 
 
 def generate(
-    rng: np.random.Generator,
+    rng: np.random.Generator | int,
     height: int,
     width: int,
     num_boxes: int,
@@ -329,20 +377,28 @@ def generate(
     max_length: int,
     max_tries: int,
 ) -> Generated | None:
-    """The first candidate whose shortest solution has min_length..max_length moves."""
-    for tries in range(1, max_tries + 1):
-        level = candidate(rng, height, width, num_boxes)
-        if level is None:
-            continue
-        solution = solve(level, max_length=max_length)
-        if solution is not None and len(solution) >= min_length:
-            return Generated(level, solution, tries)
-    return None
+    """The first candidate whose shortest solution has min_length..max_length moves.
+
+    `rng` is a `default_rng` (PCG64), left as numpy's own draws would leave it, or the
+    seed of one (the same level, without a generator to hand back)."""
+    draws = _Draws(rng)
+    try:
+        for tries in range(1, max_tries + 1):
+            level = _candidate(draws, height, width, num_boxes)
+            if level is None:
+                continue
+            solution = solve(level, max_length=max_length)
+            if solution is not None and len(solution) >= min_length:
+                return Generated(level, solution, tries)
+        return None
+    finally:
+        draws.close()
 
 
 def cells_rc(level: Level, cells: Iterable[int]) -> list[list[int]]:
     """Flat cells as sorted [row, col] lists (JSON-friendly)."""
-    return [list(level.rc(c)) for c in sorted(cells)]
+    width = level.width
+    return [[c // width, c % width] for c in sorted(cells)]
 
 
 def parse(text: str) -> Level:

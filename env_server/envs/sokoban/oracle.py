@@ -11,15 +11,20 @@ class Planner:
 
     def __init__(self) -> None:
         self.plan: dict[tuple, list[str]] = {}  # state key -> the rest of a shortest solution
+        self._known: tuple[Level, list[str]] | None = None  # a solution not laid out yet
 
     def start(self, level: Level, solution: list[str] | None) -> None:
-        """A new episode on `level`, with its shortest solution when it is known."""
+        """A new episode on `level`, with its shortest solution when it is known. The
+        solution is laid out along its path when a move is first asked for (~10 us a
+        level, and most episodes never ask: an agent plays them)."""
         self.plan = {}
-        if solution is not None:
-            self._remember(level, solution)
+        self._known = None if solution is None else (level, solution)
 
     def next_moves(self, level: Level) -> list[str]:
         """The rest of a shortest solution from `level` ([] once solved or deadlocked)."""
+        if self._known is not None:
+            self._remember(*self._known)
+            self._known = None
         rest = self.plan.get(level.key())
         if rest is None:  # the agent left the planned path: plan again from here
             solution = solve(level)
