@@ -96,7 +96,7 @@ def main() -> None:
             f"{cpu['after'] / cpu['before']:.2f}" if served else "-",
             f"{min(cpu_ratios):.2f}-{max(cpu_ratios):.2f}" if served else "-",
         )  # fmt: skip
-    Console().print(table)
+    Console(width=200).print(table)
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "runs": runs}, indent=1))
 
