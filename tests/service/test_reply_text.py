@@ -201,3 +201,35 @@ def test_a_subclass_of_the_reply_is_pickled_field_by_field():
     assert b"_flat_reply" not in data
     again = pickle.loads(data)
     assert type(again) is SessionReply and again == served and again.server == "http://a"
+
+
+_SCORES = [None, 0.0, -0.0, 1.0, 0.5, 1 / 3, 1e-7, 1e16, 123456789.123, 0, 1, True, False,
+           math.nan, math.inf, -math.inf, "timeout", "é \u2713 \"quoted\"\n"]  # fmt: skip
+
+
+@pytest.mark.parametrize("judge_error", [None, "the judge timed out", "é"])
+def test_the_scores_text_is_json_dumps_or_refused(judge_error):
+    """`assemble_reward` writes the score keys' text itself for the usual scores: byte for
+    byte `json.dumps`'s, and None (values, for `writable` to find) for a non-finite one."""
+    from env_server.service.rewards import _scores_text
+
+    for obs in _SCORES:
+        for pred in _SCORES:
+            scores = {
+                "observation_score": obs,
+                "prediction_score": pred,
+                "judge_error": judge_error,
+            }
+            finite = not any(isinstance(v, float) and not math.isfinite(v) for v in (obs, pred))
+            assert _scores_text(scores) == (json.dumps(scores) if finite else None)
+
+
+def test_writable_takes_a_reply_with_every_number_finite_as_it_is():
+    [stepped] = Worker().handle([_mk("s-1", {"env": "frozenlake", "seed": 1})])
+    for reward in (0.0, -0.0, 1e300, 3):
+        stepped.reward = reward
+        assert writable(stepped) == (stepped, stepped)
+    for reward in (math.nan, math.inf, -math.inf):
+        stepped.reward = reward
+        stored, error = writable(stepped)
+        assert error.code == "INTERNAL" and stored.reward == 0.0
