@@ -14,6 +14,13 @@ bench_transport does); CPU microseconds per env-step of the API process and of t
 workers (with everything they start), from the processes' own CPU times.
 
     python bench/bench_pipe.py --split ../today . --rounds 3
+
+Phases (`--phases CHECKOUT ...`): the API process's work by phase, in each checkout's own
+process (the rounds alternate them): an `EnvService` with 2 real workers and the gRPC
+servicer's `Step` and `Reset` called directly on parsed requests (no network), each phase
+wrapped in a process-time timer (about 1 us of its own per call); CPU us per env-step.
+
+    python bench/bench_pipe.py --phases ../main . --rounds 2
 """
 
 from __future__ import annotations
@@ -151,6 +158,144 @@ def split_once(warmup: int, steps: int) -> None:
             proc.wait(30)
 
 
+# the API process's phases (`--phases`): (module, attribute, label)
+PHASES = [
+    ("env_server.service.pool", "opened", "unpickling the answers"),
+    ("env_server.service.pool", "envelope", "pickling the messages"),
+    ("env_server.service.rewards", "Rewards.penalty", "the reasoning guard"),
+    ("env_server.service.rewards", "assemble_reward", "reward assembly"),
+    ("env_server.service.service", "writable", "writable"),
+    ("visenv.wire", "batch_to_proto", "replies to protobuf"),
+    ("env_server.api.grpc_server", "step_item", "request items (step_item)"),
+]
+
+
+def phases_once(warmup: int, steps: int) -> None:
+    """In the checkout's own process: print `label=us` per phase, `gc=us`, `all=us`."""
+    import collections
+    import functools
+    import gc
+    import importlib
+    import json
+
+    root = Path.cwd()
+    sys.path.insert(0, str(root))
+    sys.path.insert(0, str(root / "bench"))
+    import bench_transport as bt
+
+    spent: collections.Counter[str] = collections.Counter()
+
+    def wrap(owner, name: str, label: str) -> None:
+        f = getattr(owner, name)
+
+        @functools.wraps(f)
+        def timed(*args, **kwargs):
+            t = time.process_time()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                spent[label] += time.process_time() - t
+
+        setattr(owner, name, timed)
+
+    for module, attr, label in PHASES:
+        owner = importlib.import_module(module)
+        *path, name = attr.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        wrap(owner, name, label)
+
+    from env_server.api.grpc_server import VisenvServicer
+    from env_server.service.service import EnvService
+    from env_server.service.settings import Settings
+    from visenv.v1 import visenv_pb2 as pb
+
+    class Context:
+        async def abort(self, *args, **kwargs):
+            raise RuntimeError(args)
+
+    async def drive() -> None:
+        async with EnvService(Settings(workers=2, envs=["sokoban"])) as service:
+            servicer, ctx = VisenvServicer(service), Context()
+            created = await servicer.Create(pb.CreateRequest(items=[
+                pb.SessionOptions(env="sokoban", config_json=json.dumps(bt.CONFIG), seed=i,
+                                  format="grounding_worldmodeling") for i in range(N)
+            ]), ctx)  # fmt: skip
+            ids = [r.reply.session_id for r in created.results]
+            index, seeds, rng = [0] * N, list(range(N)), random.Random(0)
+
+            async def one() -> float:
+                request = pb.StepRequest(items=[
+                    pb.StepItem(session_id=s, step_index=index[i], response=bt.response(rng))
+                    for i, s in enumerate(ids)
+                ]).SerializeToString()  # fmt: skip
+                t = time.process_time()
+                reply = await servicer.Step(pb.StepRequest.FromString(request), ctx)
+                reply.SerializeToString()
+                took = time.process_time() - t
+                done = []
+                for i, r in enumerate(reply.results):
+                    index[i] = r.reply.step_index
+                    if r.reply.terminated or r.reply.truncated:
+                        done.append(i)
+                if done:
+                    for i in done:
+                        seeds[i] += N
+                        index[i] = 0
+                    request = pb.ResetRequest(items=[
+                        pb.ResetItem(session_id=ids[i], seed=seeds[i]) for i in done
+                    ]).SerializeToString()  # fmt: skip
+                    t = time.process_time()
+                    reply = await servicer.Reset(pb.ResetRequest.FromString(request), ctx)
+                    reply.SerializeToString()
+                    took += time.process_time() - t
+                return took
+
+            for _ in range(warmup):
+                await one()
+            spent.clear()
+            collected, started = [0.0], [0.0]
+
+            def on_gc(phase: str, info: dict) -> None:
+                if phase == "start":
+                    started[0] = time.process_time()
+                else:
+                    collected[0] += time.process_time() - started[0]
+
+            gc.callbacks.append(on_gc)
+            total = sum([await one() for _ in range(steps)])
+            gc.callbacks.remove(on_gc)
+            k = steps * N
+            fields = [f"{label.replace(' ', '_')}={spent[label] / k * 1e6:.2f}"
+                      for _, _, label in PHASES]  # fmt: skip
+            print(" ".join([*fields, f"gc={collected[0] / k * 1e6:.2f}",
+                            f"all={total / k * 1e6:.2f}"]))  # fmt: skip
+
+    asyncio.run(drive())
+
+
+def phases(checkouts: list[Path], rounds: int, warmup: int, steps: int) -> None:
+    runs: dict[Path, list[dict[str, float]]] = {c: [] for c in checkouts}
+    for n in range(rounds):
+        for c in checkouts:
+            out = subprocess.run(
+                [sys.executable, str(Path(__file__).resolve()), "--phases-once", "--warmup",
+                 str(warmup), "--steps", str(steps)],
+                cwd=c, env={**os.environ, "PYTHONPATH": str(c)}, check=True,
+                capture_output=True, text=True,
+            ).stdout.split("\n")[-2].split()  # fmt: skip
+            runs[c].append({k: float(v) for k, v in (f.split("=") for f in out)})
+            print(f"round {n + 1} {c.name}: API process {runs[c][-1]['all']:.1f} us per env-step",
+                  flush=True)  # fmt: skip
+    names = list(runs[checkouts[0]][0])
+    print("\n| phase | " + " | ".join(c.name for c in checkouts) + " |")
+    print("|---|" + "---:|" * len(checkouts))
+    for name in names:
+        cells = [", ".join(f"{r[name]:.1f}" for r in runs[c]) for c in checkouts]
+        print(f"| {name.replace('_', ' ')} | " + " | ".join(cells) + " |")
+    print("\n(CPU us per env-step in the API process, each round's; all: the Step and Reset calls)")
+
+
 def split(checkouts: list[Path], rounds: int, warmup: int, steps: int) -> None:
     runs: dict[Path, list[dict[str, float]]] = {c: [] for c in checkouts}
     for n in range(rounds):
@@ -184,10 +329,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=10, help="batched steps before measuring")
     parser.add_argument("--steps", type=int, default=60, help="batched steps measured per run")
+    parser.add_argument("--phases", type=Path, nargs="+", metavar="CHECKOUT")
     parser.add_argument("--split-once", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--phases-once", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.split_once:
         split_once(args.warmup, args.steps)
+    elif args.phases_once:
+        phases_once(args.warmup, args.steps)
+    elif args.phases:
+        phases([c.resolve() for c in args.phases], args.rounds, args.warmup, args.steps)
     elif args.split:
         split([c.resolve() for c in args.split], args.rounds, args.warmup, args.steps)
     else:
