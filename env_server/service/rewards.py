@@ -237,7 +237,7 @@ def _finite_floats(*values: float) -> bool:
     """Whether these numbers (a reply's reward and its parts) are all finite."""
     try:
         return all(map(math.isfinite, values))  # (in C: no frame per value)
-    except TypeError:  # not a number: the walk says what it is
+    except (TypeError, OverflowError):  # not a float: the walk says what it is
         return False
 
 

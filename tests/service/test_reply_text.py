@@ -226,7 +226,7 @@ def test_the_scores_text_is_json_dumps_or_refused(judge_error):
 
 def test_writable_takes_a_reply_with_every_number_finite_as_it_is():
     [stepped] = Worker().handle([_mk("s-1", {"env": "frozenlake", "seed": 1})])
-    for reward in (0.0, -0.0, 1e300, 3):
+    for reward in (0.0, -0.0, 1e300, 3, 10**400):  # (an int too large for a float, too)
         stepped.reward = reward
         assert writable(stepped) == (stepped, stepped)
     for reward in (math.nan, math.inf, -math.inf):
