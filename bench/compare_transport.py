@@ -26,14 +26,21 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_once(checkout: Path, extra: list[str]) -> dict[str, dict]:
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        subprocess.run(
-            [sys.executable, "bench/bench_transport.py", "--json", out.name, *extra],
-            cwd=checkout, check=True, stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        rows = json.loads(Path(out.name).read_text())
-    return {f"{r['name']} x{r['batch']}": r for r in rows}
+def run_once(checkout: Path, extra: list[str], retries: int) -> dict[str, dict]:
+    """One bench_transport run of `checkout`; a run that fails (on a loaded machine the
+    REST one-by-one variant sometimes loses a connection: httpx ReadError) is run again,
+    up to `retries` times, and said so."""
+    for attempt in range(retries + 1):
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            done = subprocess.run(
+                [sys.executable, "bench/bench_transport.py", "--json", out.name, *extra],
+                cwd=checkout, stdout=subprocess.DEVNULL,
+            )  # fmt: skip
+            if done.returncode == 0:
+                rows = json.loads(Path(out.name).read_text())
+                return {f"{r['name']} x{r['batch']}": r for r in rows}
+        print(f"  the run failed (exit {done.returncode}); attempt {attempt + 2}", flush=True)
+    raise SystemExit(f"bench_transport.py of {checkout} failed {retries + 1} times")
 
 
 def main() -> None:
@@ -42,19 +49,24 @@ def main() -> None:
     )
     parser.add_argument("before", type=Path, help="the other checkout (e.g. a git worktree)")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--json", help="also write the per-round rates here")
+    parser.add_argument("--json", help="also write the per-round rates here (after each run)")
+    parser.add_argument("--retries", type=int, default=2, help="reruns of a run that failed")
     parser.add_argument("--table-of", help="only print the table of a --json file written before")
     args, extra = parser.parse_known_args()
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     if args.table_of:
         runs = json.loads(Path(args.table_of).read_text())["runs"]
-        args.rounds = len(runs["before"])
+        args.rounds = min(len(r) for r in runs.values())  # complete rounds only
+        runs = {label: r[: args.rounds] for label, r in runs.items()}
     for n in range(0 if args.table_of else args.rounds):
         for label, checkout in (("before", args.before.resolve()), ("after", ROOT)):
             print(f"round {n + 1}/{args.rounds}: {label} ({checkout})", flush=True)
-            runs[label].append(run_once(checkout, extra))
+            runs[label].append(run_once(checkout, extra, args.retries))
+            if args.json:  # what has been measured so far survives a later failure
+                Path(args.json).write_text(json.dumps({"runs": runs}, indent=1))
     table = Table(title=f"bench_transport.py, {args.rounds} alternating rounds (env-steps/s)")
-    columns = ("variant", "before", "after", "after/before", "per round", "server CPU s/1k")
+    columns = ("variant", "before", "after", "after/before", "per round", "server CPU s/1k",
+               "CPU after/before", "CPU per round")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="left" if column == "variant" else "right")
     summary = {}
@@ -68,18 +80,23 @@ def main() -> None:
         }
         rate = {label: statistics.median(m) for label, m in medians.items()}
         ratios = [a / b for a, b in zip(medians["after"], medians["before"], strict=True)]
-        cpu = {
-            label: statistics.median(r[variant]["server_cpu"] for r in rounds)
-            for label, rounds in runs.items()
-        }
-        summary[variant] = rate | {"ratios": ratios, "server_cpu": cpu}
+        # server CPU per 1,000 env-steps: the rounds' median, and each round's after / before
+        cpus = {label: [r[variant]["server_cpu"] for r in rounds] for label, rounds in runs.items()}
+        cpu = {label: statistics.median(c) for label, c in cpus.items()}
+        served = all(cpus["before"])  # in-process variants have no server
+        cpu_ratios = (
+            [a / b for a, b in zip(cpus["after"], cpus["before"], strict=True)] if served else []
+        )
+        summary[variant] = rate | {"ratios": ratios, "server_cpu": cpu, "cpu_ratios": cpu_ratios}
         table.add_row(
             variant, f"{rate['before']:,.0f}", f"{rate['after']:,.0f}",
             f"{rate['after'] / rate['before']:.2f}",
             f"{min(ratios):.2f}-{max(ratios):.2f}",
-            f"{cpu['before']:.2f} -> {cpu['after']:.2f}" if cpu["before"] else "-",
+            f"{cpu['before']:.2f} -> {cpu['after']:.2f}" if served else "-",
+            f"{cpu['after'] / cpu['before']:.2f}" if served else "-",
+            f"{min(cpu_ratios):.2f}-{max(cpu_ratios):.2f}" if served else "-",
         )  # fmt: skip
-    Console().print(table)
+    Console(width=200).print(table)
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "runs": runs}, indent=1))
 

@@ -606,6 +606,35 @@ class SessionReply(JSONText):
         out.info_json = self._dumps("info")
         out.system_prompt = self.system_prompt or ""
 
+    def __reduce__(self) -> tuple:
+        """Pickled flat: the reply, its observation, images and reward parts as one tuple
+        of plain values rebuilt by one call (`_flat_reply`), instead of an object per
+        part (every step's reply crosses a worker pipe: a step's answer pickles in 4.0
+        µs instead of 6.8, unpickles in 4.7 instead of 5.3). A subclass (the SDK's
+        reply) or parts of other types: `JSONText`'s way."""
+        d = self.__dict__
+        obs = d["observation"]
+        parts = d["reward_parts"]
+        if (
+            type(self) is not SessionReply
+            or type(obs) is not Observation
+            or type(parts) is not RewardParts
+        ):
+            return JSONText.__reduce__(self)
+        od = obs.__dict__
+        images = []
+        for im in od["images"]:
+            if type(im) is not Image:
+                return JSONText.__reduce__(self)
+            images.append((im.encoding, im.data, im.shape))
+        return _flat_reply, (
+            d["session_id"], d["env"], d["step_index"], d["episode"], d["turn"],
+            od["text"], images, od.get("ground_truth"), od.get("info"), _texts(od),
+            d["reward"], parts.env, parts.format, parts.observation, parts.prediction,
+            parts.penalty, d["terminated"], d["truncated"], d["success"], d.get("info"),
+            _texts(d), d["system_prompt"],
+        )  # fmt: skip
+
     @classmethod
     def from_proto(cls: type[R], msg: pb.SessionReply, **extra: Any) -> R:
         return cls(
@@ -624,6 +653,61 @@ class SessionReply(JSONText):
             system_prompt=msg.system_prompt,
             **extra,
         )
+
+
+def _texts(d: dict[str, Any]) -> dict[str, str] | None:
+    """The JSON texts a `JSONText` instance (its `__dict__`) still holds unread."""
+    texts = d.get("_json")
+    if texts is not None:
+        texts = {k: v for k, v in texts.items() if k not in d}
+    return texts or None
+
+
+def _flat_reply(
+    session_id: str, env: str, step_index: int, episode: int, turn: int,
+    text: str, images: list[tuple], ground_truth: Any, obs_info: Any, obs_texts: dict | None,
+    reward: float, env_r: float, format_r: float, observation_r: float, prediction_r: float,
+    penalty: float, terminated: bool, truncated: bool, success: bool, info: Any,
+    texts: dict | None, system_prompt: str,
+) -> SessionReply:  # fmt: skip
+    """Unpickle a `SessionReply` pickled flat (`SessionReply.__reduce__`): the objects are
+    made without their `__init__` (the values were checked when the reply was made)."""
+    new = object.__new__
+    shown = []
+    for encoding, data, shape in images:
+        im = new(Image)
+        im.__dict__.update(encoding=encoding, data=data, shape=shape)
+        shown.append(im)
+    obs = new(Observation)
+    od = obs.__dict__
+    od["text"] = text
+    od["images"] = tuple(shown)
+    if obs_texts is None:
+        od["ground_truth"] = ground_truth
+        od["info"] = obs_info
+    else:
+        if "ground_truth" not in obs_texts:
+            od["ground_truth"] = ground_truth
+        if "info" not in obs_texts:
+            od["info"] = obs_info
+        od["_json"] = obs_texts
+    parts = new(RewardParts)
+    parts.__dict__.update(
+        env=env_r, format=format_r, observation=observation_r, prediction=prediction_r,
+        penalty=penalty,
+    )  # fmt: skip
+    reply = new(SessionReply)
+    d = reply.__dict__
+    d.update(
+        session_id=session_id, env=env, step_index=step_index, episode=episode, turn=turn,
+        observation=obs, reward=reward, reward_parts=parts, terminated=terminated,
+        truncated=truncated, success=success, system_prompt=system_prompt,
+    )  # fmt: skip
+    if texts is None or "info" not in texts:
+        d["info"] = info
+    if texts is not None:
+        d["_json"] = texts
+    return reply
 
 
 @dataclass

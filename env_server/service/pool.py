@@ -435,7 +435,7 @@ class WorkerPool:
         If the worker dies, or spends longer than the deadline of the environments involved
         on one message (then it is killed and replaced), the items not yet answered answer
         SESSION_LOST."""
-        envs = list(envs)
+        envs = list(dict.fromkeys(envs))  # each once (a batch's items mostly share one)
         deadline = self.deadline(envs)
         size = self.piece_items(envs)
         answers: list = []

@@ -145,6 +145,21 @@ def writable(reply: SessionReply) -> tuple[SessionReply, SessionReply | ServiceE
     that it stays readable (GET, a retry, a fork) and can go on."""
     # (a part that came as JSON text, `wire.JSONText`, has none: the worker wrote it so)
     obs = reply.observation
+    parts = reply.reward_parts
+    if (  # the common case, without a walk: every number finite, every object as text
+        _finite_floats(
+            reply.reward,
+            parts.env,
+            parts.format,
+            parts.observation,
+            parts.prediction,
+            parts.penalty,
+        )  # fmt: skip
+        and reply.json_text("info") is not None
+        and obs.json_text("ground_truth") is not None
+        and obs.json_text("info") is not None
+    ):
+        return reply, reply
     bad = [
         *_nonfinite(reply.reward, "reward"),
         *_nonfinite(reply.reward_parts.to_json(), "reward_parts"),
@@ -210,13 +225,37 @@ def assemble_reward(
         "judge_error": None if score is None else score.judge_error,
     }
     text = reply.json_text("info")  # the worker's info as JSON text, without SCORE_KEYS
-    if text is not None and _finite(scores):  # the scores put in front of it as text
-        first = json.dumps(scores)
+    first = None if text is None else _scores_text(scores)
+    if first is not None:  # the scores put in front of the worker's text
         reply.set_json_text("info", first if text == "{}" else f"{first[:-1]}, {text[1:]}")
     else:
         reply.info = {**scores, **reply.info}
     return reply
 
 
-def _finite(scores: dict[str, Any]) -> bool:
-    return not any(isinstance(v, float) and not math.isfinite(v) for v in scores.values())
+def _finite_floats(*values: float) -> bool:
+    """Whether these numbers (a reply's reward and its parts) are all finite."""
+    try:
+        return all(map(math.isfinite, values))  # (in C: no frame per value)
+    except (TypeError, OverflowError):  # not a float: the walk says what it is
+        return False
+
+
+def _score_text(value: Any) -> str | None:
+    """`json.dumps(value)` of a score that is None or a finite float (None otherwise)."""
+    if value is None:
+        return "null"
+    if type(value) is float and math.isfinite(value):
+        return float.__repr__(value)  # what json.dumps writes for a float
+    return None
+
+
+def _scores_text(scores: dict[str, Any]) -> str | None:
+    """`json.dumps(scores)`, or None when a score is not finite (then they go as values).
+    Written directly for the usual scores (finite floats, None), else by json.dumps."""
+    obs, pred = _score_text(scores["observation_score"]), _score_text(scores["prediction_score"])
+    if obs is not None and pred is not None and scores["judge_error"] is None:
+        return f'{{"observation_score": {obs}, "prediction_score": {pred}, "judge_error": null}}'
+    if any(isinstance(v, float) and not math.isfinite(v) for v in scores.values()):
+        return None
+    return json.dumps(scores)

@@ -125,6 +125,7 @@ class EnvService:
         self._reaper: asyncio.Task | None = None
         self._started_at = time.monotonic()
         self.rewards = Rewards(self.settings.judge_urls)
+        self._children: dict[tuple[Any, str], Any] = {}  # labelled metrics (`_counter`)
         # set once `start` has finished (or failed: then `_start_error`): the server listens
         # before that, and calls made meanwhile wait for it (`wait_started`)
         self._started = asyncio.Event()
@@ -271,7 +272,7 @@ class EnvService:
 
         def applied(options: SessionOptions, session: Session, reply: SessionReply) -> None:
             session.last_reply = reply
-            self.metrics.resets.labels(session.env).inc()
+            self._counter(self.metrics.resets, session.env).inc()
 
         def otherwise(options: SessionOptions, session: Session, answer: Any) -> Any:
             self.sessions.forget(session)  # the worker made none
@@ -293,7 +294,7 @@ class EnvService:
             session.step_index = 0
             session.last_reply = reply
             session.last_step = None
-            self.metrics.resets.labels(session.env).inc()
+            self._counter(self.metrics.resets, session.env).inc()
 
         call = _Call(
             ResetItem,
@@ -340,7 +341,7 @@ class EnvService:
             session.step_index += 1
             session.last_reply = reply
             session.last_step = step_key(item)
-            self.metrics.steps.labels(session.env).inc()
+            self._counter(self.metrics.steps, session.env).inc()
 
         call = _Call(
             StepItem,
@@ -605,6 +606,15 @@ class EnvService:
                 "create a new session",
             ))  # fmt: skip
         return answer
+
+    def _counter(self, metric: Any, label: str) -> Any:
+        """`metric.labels(label)`, looked up once (prometheus checks the labels per call:
+        1 us, for every step of a batch)."""
+        key = (metric, label)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(label)
+        return child
 
     def _count_errors(self, results: Iterable[Any]) -> list:
         results = list(results)

@@ -155,3 +155,81 @@ def test_a_score_key_in_the_workers_info_goes_as_values():
     session = worker.sessions["s-1"]
     reply = worker._reply("s-1", session, None, info={"judge_error": "the env's own"})
     assert reply.json_text("info") is None
+
+
+def _state(reply: wire.SessionReply) -> tuple:
+    """Everything a reply holds: its type, fields (each part's type too) and unread texts."""
+    obs = reply.observation
+    return (
+        type(reply), type(obs), type(reply.reward_parts), [type(im) for im in obs.images],
+        reply.json_text("info"), obs.json_text("ground_truth"), obs.json_text("info"),
+        wire.batch_to_proto([reply]).SerializeToString(), _rest(reply),
+    )  # fmt: skip
+
+
+def test_a_reply_pickled_flat_comes_back_the_same():
+    """`SessionReply` crosses the pipe as one flat tuple (`_flat_reply`): the reply that
+    comes back holds the same fields and the same unread texts, whether its parts were
+    text or values, with or without images and a system prompt."""
+    worker = Worker()
+    made = worker.handle([
+        _mk("s-1", {"env": "sokoban", "seed": 3, "config": {"dim_room": [6, 6], "num_boxes": 1}}),
+        _mk("s-2", {"env": "frozenlake", "seed": 1, "representation": "symbolic"}),
+    ])  # fmt: skip
+    stepped = worker.handle([Step("s-1", _responses(random.Random(0))[0]), Step("s-2", "Up")])
+    replies = [*made, *(s.reply for s in stepped)]
+    read = copy.deepcopy(replies[-1])
+    read.info["read"] = 1  # a text field read (and changed): goes as its value
+    read.observation.ground_truth  # noqa: B018  (read only)
+    no_images = dataclasses.replace(
+        replies[0], observation=dataclasses.replace(replies[0].observation, images=())
+    )
+    for reply in [*replies, read, no_images, _from_values(replies[2])]:
+        data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        assert b"_flat_reply" in data
+        again = pickle.loads(data)
+        assert again == reply and _state(again) == _state(reply)
+
+
+def test_a_subclass_of_the_reply_is_pickled_field_by_field():
+    from clients.types import SessionReply  # the SDK's reply: adds the server it came from
+
+    [made] = _over_the_pipe(Worker().handle([_mk("s-1", {"env": "frozenlake", "seed": 1})]))
+    fields = {f.name: getattr(made, f.name) for f in dataclasses.fields(wire.SessionReply)}
+    served = SessionReply(**fields, server="http://a")
+    data = pickle.dumps(served)
+    assert b"_flat_reply" not in data
+    again = pickle.loads(data)
+    assert type(again) is SessionReply and again == served and again.server == "http://a"
+
+
+_SCORES = [None, 0.0, -0.0, 1.0, 0.5, 1 / 3, 1e-7, 1e16, 123456789.123, 0, 1, True, False,
+           math.nan, math.inf, -math.inf, "timeout", "é \u2713 \"quoted\"\n"]  # fmt: skip
+
+
+@pytest.mark.parametrize("judge_error", [None, "the judge timed out", "é"])
+def test_the_scores_text_is_json_dumps_or_refused(judge_error):
+    """`assemble_reward` writes the score keys' text itself for the usual scores: byte for
+    byte `json.dumps`'s, and None (values, for `writable` to find) for a non-finite one."""
+    from env_server.service.rewards import _scores_text
+
+    for obs in _SCORES:
+        for pred in _SCORES:
+            scores = {
+                "observation_score": obs,
+                "prediction_score": pred,
+                "judge_error": judge_error,
+            }
+            finite = not any(isinstance(v, float) and not math.isfinite(v) for v in (obs, pred))
+            assert _scores_text(scores) == (json.dumps(scores) if finite else None)
+
+
+def test_writable_takes_a_reply_with_every_number_finite_as_it_is():
+    [stepped] = Worker().handle([_mk("s-1", {"env": "frozenlake", "seed": 1})])
+    for reward in (0.0, -0.0, 1e300, 3, 10**400):  # (an int too large for a float, too)
+        stepped.reward = reward
+        assert writable(stepped) == (stepped, stepped)
+    for reward in (math.nan, math.inf, -math.inf):
+        stepped.reward = reward
+        stored, error = writable(stepped)
+        assert error.code == "INTERNAL" and stored.reward == 0.0
