@@ -35,6 +35,8 @@ class ResponseGuard:
         # keys seen exactly once, in first-seen order: in RL almost every response is new,
         # so the one to drop is nearly always the first of these (no scan of the window)
         self._ones: dict[bytes, None] = {}
+        # how many keys have each count: ranks a key without sorting the window
+        self._freq: Counter[int] = Counter()
         self._lock = threading.Lock()
 
     def penalty(self, response_text: str, score: float) -> float:
@@ -50,18 +52,36 @@ class ResponseGuard:
                     least = next(iter(self._ones))
                 else:
                     least = min(self._counts.items(), key=lambda kv: kv[1])[0]
-                del self._counts[least]
+                self._forget(self._counts.pop(least))
                 self._ones.pop(least, None)
             self._counts[key] += 1
             count = self._counts[key]
+            self._forget(count - 1)
+            self._freq[count] += 1
             if count == 1:
                 self._ones[key] = None
             elif count == 2:
                 del self._ones[key]
             if count < cfg.min_count or score >= cfg.threshold:
                 return 0.0  # no penalty whatever the ranking: skip ranking the window
-            top = {k for k, _ in self._counts.most_common(cfg.top_k)}
-        return cfg.penalty if key in top else 0.0
+            return cfg.penalty if self._in_top(key, count, cfg.top_k) else 0.0
+
+    def _forget(self, count: int) -> None:
+        if count:
+            self._freq[count] -= 1
+            if not self._freq[count]:
+                del self._freq[count]
+
+    def _in_top(self, key: bytes, count: int, top_k: int) -> bool:
+        """Whether `key` is among `most_common(top_k)`, from the count of counts (a few
+        distinct values) instead of ranking the whole window; only when the keys tied
+        with it straddle the boundary does insertion order decide, as most_common's does."""
+        above = sum(n for c, n in self._freq.items() if c > count)
+        if above >= top_k:
+            return False
+        if above + self._freq[count] <= top_k:
+            return True
+        return key in {k for k, _ in self._counts.most_common(top_k)}
 
     def copy(self) -> ResponseGuard:
         """An independent guard holding the same window (a forked session's own guard:
@@ -71,6 +91,7 @@ class ResponseGuard:
         with self._lock:
             other._counts = Counter(self._counts)  # same counts, same (insertion) order
             other._ones = dict(self._ones)
+            other._freq = Counter(self._freq)
         return other
 
     def count(self, response_text: str) -> int:

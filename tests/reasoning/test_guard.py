@@ -74,3 +74,26 @@ def test_window_drops_the_least_frequent_oldest_response_like_a_plain_counter():
         guard.penalty(text, 0.5)
         assert len(guard) == len(reference)
         assert all(guard.count(t) == c for t, c in reference.items())
+
+
+@pytest.mark.parametrize("top_k, window", [(1, 4), (2, 8), (5, 1000), (3, 6)])
+def test_penalty_ranks_like_most_common_of_the_whole_window(top_k, window):
+    """The count-of-counts ranking penalises exactly the responses a ranking of the whole
+    window (most_common, insertion order among ties) would, ties at the boundary included."""
+    import random
+    from collections import Counter
+
+    cfg = GuardConfig(window=window, top_k=top_k, min_count=2, threshold=0.7)
+    guard, reference = ResponseGuard(cfg), Counter()
+    rng = random.Random(top_k * 1000 + window)
+    penalised = 0
+    for _ in range(4000):
+        text = f"answer {rng.choice(range(12)) if rng.random() < 0.8 else rng.random()}"
+        if text not in reference and len(reference) >= cfg.window:
+            del reference[min(reference.items(), key=lambda kv: kv[1])[0]]
+        reference[text] += 1
+        top = {t for t, _ in reference.most_common(top_k)}
+        expected = cfg.penalty if reference[text] >= 2 and text in top else 0.0
+        assert guard.penalty(text, 0.5) == expected
+        penalised += expected > 0
+    assert penalised > 100  # the comparison saw both answers
