@@ -104,6 +104,9 @@ ARMS = {  # PPO arms: config overrides on top of the common ones
     "turn_wise": ["ppo.estimator=turn_wise"],
     "grpo": ["ppo.estimator=grpo"],
     "bi_level+filter": ["ppo.estimator=bi_level", "ppo.filter_ratio=0.5", "ppo.clip_high=0.28"],
+    # a tenth of the KL that held the format (k3 as a loss at 0.1): does the anchor to the
+    # warm-up hold a reading policy back?
+    "bi_level+kl0.01": ["ppo.estimator=bi_level", "ppo.kl_coef=0.01"],
 }
 
 
