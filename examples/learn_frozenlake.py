@@ -35,6 +35,12 @@
     # leaves room to learn): $F with "--warm-up-policy oracle --demo-levels 512
     # --warmup-steps 400" in place of "--warm-up-policy random --demo-levels 128
     # --warmup-epochs 4" (docs/trainer.md, "from a warm-up stopped early")
+    # without the system prompt in the policy's context, from warm-ups on the oracle's
+    # moves stopped when they read partly on 100 training-range validation levels
+    # (docs/trainer.md, "from warm-ups that read partly"): $F with "--warm-up-policy
+    # oracle --no-system-prompt --demo-levels 1024 --validation-levels 100
+    # --warmup-check-every 50 --warmup-stop-toward 0.6 --warmup-steps 1500
+    # --ppo-iterations 48 --split-seeds 0 1 2 3 4" in place of the warm-up flags above
     # the learning test's warm-up, again (byte-identical on the same machine)
     .venv/bin/python examples/learn_frozenlake.py --write-test-warm-up DIR
 
