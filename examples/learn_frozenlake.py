@@ -35,6 +35,12 @@
     # leaves room to learn): $F with "--warm-up-policy oracle --demo-levels 512
     # --warmup-steps 400" in place of "--warm-up-policy random --demo-levels 128
     # --warmup-epochs 4" (docs/trainer.md, "from a warm-up stopped early")
+    # without the system prompt in the policy's context, from warm-ups on the oracle's
+    # moves stopped when they read partly on 100 training-range validation levels
+    # (docs/trainer.md, "from warm-ups that read partly"): $F with "--warm-up-policy
+    # oracle --no-system-prompt --demo-levels 1024 --validation-levels 100
+    # --warmup-check-every 50 --warmup-stop-toward 0.6 --warmup-steps 1500
+    # --ppo-iterations 48 --split-seeds 0 1 2 3 4" in place of the warm-up flags above
     # the learning test's warm-up, again (byte-identical on the same machine)
     .venv/bin/python examples/learn_frozenlake.py --write-test-warm-up DIR
 
@@ -104,6 +110,9 @@ ARMS = {  # PPO arms: config overrides on top of the common ones
     "turn_wise": ["ppo.estimator=turn_wise"],
     "grpo": ["ppo.estimator=grpo"],
     "bi_level+filter": ["ppo.estimator=bi_level", "ppo.filter_ratio=0.5", "ppo.clip_high=0.28"],
+    # a tenth of the KL that held the format (k3 as a loss at 0.1): does the anchor to the
+    # warm-up hold a reading policy back?
+    "bi_level+kl0.01": ["ppo.estimator=bi_level", "ppo.kl_coef=0.01"],
 }
 
 
@@ -173,8 +182,9 @@ def held_out_levels(n: int, training: set[tuple[str, ...]]) -> tuple[list[int], 
 def split_levels(args) -> tuple[set[tuple[str, ...]], list[int], list[int], int]:
     """The maps every training seed may see (warm-up, PPO, the fixed plan's fit levels),
     the fixed plan's fit seeds, and the held-out seeds with how many were dropped."""
+    n = max(args.demo_levels + args.validation_levels, args.ppo_iterations * args.episodes)
     training = {level_key(train_level_seed(s, i)) for s in args.split_seeds or args.seeds
-                for i in range(max(args.demo_levels, args.ppo_iterations * args.episodes))}  # fmt: skip
+                for i in range(n)}  # fmt: skip
     plan_seeds = [train_level_seed(0, i) for i in range(args.plan_levels)]
     training |= {level_key(s) for s in plan_seeds}
     eval_seeds, dropped = held_out_levels(args.eval_levels, training)
@@ -328,13 +338,17 @@ def play(client: EnvClient, policy, seeds: list[int], variant: str) -> dict[str,
     return summary(trajs)
 
 
-def evaluate_model(client, model, layout, seeds, variant, max_new_tokens) -> dict[str, Any]:
-    """Greedy play on the levels, and the success of one sampled try per level (T=1,
-    seeded) under "sampled"."""
+def greedy_play(client, model, layout, seeds, variant, max_new_tokens) -> dict[str, Any]:
     model.eval()
     policy = HFPolicy(model, layout, temperature=1.0, max_new_tokens=max_new_tokens,
                       batch_size=64, greedy=True)  # fmt: skip
-    out = play(client, policy, seeds, variant)
+    return play(client, policy, seeds, variant)
+
+
+def evaluate_model(client, model, layout, seeds, variant, max_new_tokens) -> dict[str, Any]:
+    """Greedy play on the levels, and the success of one sampled try per level (T=1,
+    seeded) under "sampled"."""
+    out = greedy_play(client, model, layout, seeds, variant, max_new_tokens)
     torch.manual_seed(12345)
     sampler = HFPolicy(model, layout, temperature=1.0, max_new_tokens=max_new_tokens,
                        batch_size=64)  # fmt: skip
@@ -346,10 +360,11 @@ def evaluate_model(client, model, layout, seeds, variant, max_new_tokens) -> dic
 
 
 def warm_up(model, layout, episodes, epochs: int, lr: float, seed: int, batch_size: int = 8,
-            steps: int | None = None):  # fmt: skip
+            steps: int | None = None, stop=None):  # fmt: skip
     """Supervised fine-tuning: cross-entropy on the response tokens of oracle episodes.
     With `steps`, exactly that many optimiser steps (epochs reshuffled as needed, the
-    last one cut short) instead of `epochs` whole epochs: a warm-up stopped early."""
+    last one cut short) instead of `epochs` whole epochs: a warm-up stopped early.
+    `stop(step)`, if given, is asked after every step; True ends the warm-up there."""
     image_id = layout.tok.convert_tokens_to_ids(layout.p.image_token)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     g = torch.Generator().manual_seed(seed)
@@ -359,6 +374,7 @@ def warm_up(model, layout, episodes, epochs: int, lr: float, seed: int, batch_si
     if steps is not None:
         epochs = -(-steps // per_epoch)
     left = per_epoch * epochs if steps is None else steps
+    done, halt = 0, False
     for _ in range(epochs):
         total, count = 0.0, 0
         for idx in torch.randperm(len(episodes), generator=g).split(batch_size)[:left]:
@@ -372,7 +388,14 @@ def warm_up(model, layout, episodes, epochs: int, lr: float, seed: int, batch_si
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             total, count = total + loss.item(), count + 1
+            done += 1
+            halt = stop is not None and stop(done)
+            model.train()  # (a check plays in eval mode)
+            if halt:
+                break
         losses.append(total / count)
+        if halt:
+            break
     return losses
 
 
@@ -449,6 +472,19 @@ def main() -> None:
     ap.add_argument("--warmup-steps", type=int, default=None,
                     help="stop the warm-up after this many steps of 8 episodes (overrides "
                     "--warmup-epochs): a warm-up that reads only a little")  # fmt: skip
+    ap.add_argument("--validation-levels", type=int, default=0,
+                    help="training-range levels after the warm-up's own (never trained on in "
+                    "the warm-up, never held out) on which the warm-up is checked")  # fmt: skip
+    ap.add_argument("--warmup-check-every", type=int, default=0,
+                    help="every this many warm-up steps, play the validation levels greedily "
+                    "and record success and first move towards the goal")  # fmt: skip
+    ap.add_argument("--warmup-stop-toward", type=float, default=None,
+                    help="stop the warm-up at the first check whose first move goes towards "
+                    "the goal on at least this share of the validation levels (a warm-up that "
+                    "reads partly; --warmup-steps is the most it may take)")  # fmt: skip
+    ap.add_argument("--no-system-prompt", action="store_true",
+                    help="leave the environment's system prompt out of the policy's context, "
+                    "in the warm-up's data, PPO (env.system_prompt=false) and evaluation")  # fmt: skip
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--ppo-iterations", type=int, default=8)
@@ -633,23 +669,41 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
     t0 = time.time()
     if args.warm_up:  # one given warm-up for every seed (its levels are in `training`)
         model, processing = load_policy(args.warm_up)
-        layout = ChatLayout(processing)
+        layout = ChatLayout(processing, system_prompt=not args.no_system_prompt)
         warm, extra = Path(args.warm_up), {}
     else:
         demo_seeds = [train_level_seed(seed, i) for i in range(args.demo_levels)]
         path = build_model(client, cfg_env, demo_seeds[:64], out / "tiny", seed=seed,
                            hidden=args.hidden, layers=args.layers)  # fmt: skip
         model, processing = load_policy(path)
-        layout = ChatLayout(processing)
+        layout = ChatLayout(processing, system_prompt=not args.no_system_prompt)
         # "random": random valid moves, a warm-up that teaches the answer format and
         # nothing about the level (blind), so everything above random is PPO's
         choose = oracle if args.warm_up_policy == "oracle" else random_policy(1000 + seed)
         demos = oracle_demos(client, layout, demo_seeds, cfg_env, choose)
+        val_seeds = [train_level_seed(seed, args.demo_levels + i)
+                     for i in range(args.validation_levels)]  # fmt: skip
+        checks: list[dict[str, Any]] = []
+
+        def stop(step: int, model=model) -> bool:
+            """Check the warm-up on the validation levels (training range only)."""
+            if not args.warmup_check_every or step % args.warmup_check_every:
+                return False
+            r = greedy_play(client, model, layout, val_seeds, variant, args.max_new_tokens)
+            checks.append({"step": step} | {k: r[k] for k in (
+                "success_rate", "first_move_toward_goal", "distinct_first_answers",
+                "valid_answer_rate")})  # fmt: skip
+            print(variant, seed, "warm-up check:", checks[-1], flush=True)
+            goal = args.warmup_stop_toward
+            return goal is not None and r["first_move_toward_goal"] >= goal
+
         losses = warm_up(model, layout, demos, args.warmup_epochs, args.warmup_lr, seed,
-                         steps=args.warmup_steps)  # fmt: skip
+                         steps=args.warmup_steps, stop=stop)  # fmt: skip
         warm = save_policy(model, processing, out / "warm")
         extra = {"warmup_loss": losses,
                  "tokens_per_demo": float(np.mean([len(e.input_ids) for e in demos]))}  # fmt: skip
+        if checks:
+            extra["warmup_validation"] = checks
     runs.setdefault("warm-up", {})[str(seed)] = {
         "eval": evaluate_model(client, model, layout, eval_seeds, variant, args.max_new_tokens),
         "seconds": time.time() - t0, **extra,
@@ -663,6 +717,7 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
         cfg = load_config(None, [
             f"env.servers=['{address}']", f"env.name={ENV}", f"env.format={FORMAT}",
             f"env.config={json.dumps(cfg_env)}", f"env.max_turns={MAX_TURNS}",
+            f"env.system_prompt={not args.no_system_prompt}",
             f"model.path='{warm}'", "model.critic=head",
             f"generation.max_new_tokens={args.max_new_tokens}",
             f"generation.temperature={args.temperature}", "generation.batch_size=64",
@@ -732,7 +787,7 @@ def reevaluate(args) -> None:
             for seed in args.seeds:
                 folder = Path(args.out) / f"{variant}-{seed}"
                 model, processing = load_policy(folder / "warm")
-                layout = ChatLayout(processing)
+                layout = ChatLayout(processing, system_prompt=not args.no_system_prompt)
                 found = {"warm-up": None} | {
                     arm: sorted((folder / arm / "checkpoints").glob("iter-*.pt"))[-1]
                     for arm in arms

@@ -31,6 +31,12 @@ class EnvSection(_Strict):
     reasoning: dict[str, Any] = Field(default_factory=dict)
     max_turns: int | None = Field(None, ge=1)
     timeout: float = Field(60.0, gt=0)
+    system_prompt: bool = Field(
+        True,
+        description="give the policy the environment's system prompt at the start of each "
+        "episode; false leaves it out of the context in rollouts and updates alike (a tiny "
+        "model reads the observation sooner without 230 tokens of instructions before it)",
+    )
 
 
 class LoraSection(_Strict):
@@ -253,6 +259,15 @@ class TrainConfig(_Strict):
     generation: GenerationSection = Field(default_factory=GenerationSection)
     ppo: PPOSection = Field(default_factory=PPOSection)
     run: RunSection = Field(default_factory=RunSection)
+
+    @model_validator(mode="after")
+    def _server_sends_system_prompt(self) -> TrainConfig:
+        if self.generation.backend == "openai" and not self.env.system_prompt:
+            raise ValueError(
+                "env.system_prompt=false needs generation.backend 'hf' (the openai backend "
+                "sends the system prompt to the server)"
+            )
+        return self
 
 
 class ConfigError(ValueError):

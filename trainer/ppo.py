@@ -163,7 +163,7 @@ def build_models(cfg: TrainConfig, device: torch.device, rank: int) -> Models:
             dist.barrier()
     dtype = getattr(torch, cfg.model.dtype)
     actor, processing = load_policy(cfg.model.path, dtype=dtype, device=device)
-    layout = ChatLayout(processing)
+    layout = ChatLayout(processing, system_prompt=cfg.env.system_prompt)
     reference = None
     if cfg.model.lora is not None:
         from peft import LoraConfig, get_peft_model

@@ -2,7 +2,7 @@
 
 An episode is laid out in Qwen's chat format (ChatML), one turn after another:
 
-    <|im_start|>system\\n{system prompt}<|im_end|>\\n
+    <|im_start|>system\\n{system prompt}<|im_end|>\\n   (left out with `system_prompt=False`)
     <|im_start|>user\\n{observation, each <image> as <|vision_start|><|image_pad|>*n<|vision_end|>}<|im_end|>\\n
     <|im_start|>assistant\\n{the agent's generated tokens}<|im_end|>\\n
     ... (next turn)
@@ -67,8 +67,12 @@ class EpisodeTokens:
 class ChatLayout:
     """Writes chat segments as token ids with a tokenizer and an image processor."""
 
-    def __init__(self, processing: Processing) -> None:
+    def __init__(self, processing: Processing, *, system_prompt: bool = True) -> None:
         self.p = processing
+        # False: the environment's system prompt is left out of the policy's context
+        # (config `env.system_prompt`); every writer of an episode calls `system()`, so
+        # rollouts, the update's passes and supervised data built with this layout agree
+        self.system_prompt = system_prompt
         tok = processing.tokenizer
         self.tok = tok
         self.im_end_id = tok.convert_tokens_to_ids("<|im_end|>")
@@ -97,7 +101,9 @@ class ChatLayout:
         return out["pixel_values"], grid, n_tokens
 
     def system(self, ep: EpisodeTokens, text: str) -> None:
-        ep.extend(self._ids(f"<|im_start|>system\n{text}<|im_end|>\n"))
+        """The system message; nothing when this layout leaves the system prompt out."""
+        if self.system_prompt:
+            ep.extend(self._ids(f"<|im_start|>system\n{text}<|im_end|>\n"))
 
     def user(self, ep: EpisodeTokens, text: str, images: list[np.ndarray]) -> None:
         """A user message and the assistant header that opens the agent's reply."""

@@ -46,3 +46,11 @@ def test_missing_required_section(tmp_path):
 def test_bad_override_syntax():
     with pytest.raises(ConfigError, match="section.key=value"):
         load_config(EXAMPLE, ["ppo.iterations"])
+
+
+def test_system_prompt_off_needs_the_in_process_sampler():
+    assert load_config(EXAMPLE).env.system_prompt is True  # the default: unchanged
+    assert load_config(EXAMPLE, ["env.system_prompt=false"]).env.system_prompt is False
+    server = ["generation.backend=openai", "generation.base_url=http://h:1/v1"]
+    with pytest.raises(ConfigError, match=r"env\.system_prompt"):
+        load_config(EXAMPLE, [*server, "env.system_prompt=false"])

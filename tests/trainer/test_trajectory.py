@@ -73,3 +73,41 @@ def test_placeholder_count_must_match(policy):
     layout = ChatLayout(processing)
     with pytest.raises(ValueError, match="placeholders"):
         layout.user(EpisodeTokens(), "<image> <image>", [np.zeros((28, 28, 3), np.uint8)])
+
+
+def test_system_prompt_left_out_of_rollouts_and_updates(tiny_model_path):
+    """`env.system_prompt=false` reaches the trainer's layout, and the rollout's episode
+    tokens (what the update trains on) then hold no system message: the same tokens
+    as with it, less exactly the system segment."""
+    from clients.rollout import PolicyInput
+    from clients.types import Observation
+    from trainer.config import load_config
+    from trainer.ppo import build_models
+    from trainer.rollout import HFPolicy
+
+    def cfg(*extra: str):
+        return load_config(None, ["env.servers=['127.0.0.1:1']", f"model.path='{tiny_model_path}'",
+                                  "ppo.kl_coef=0", *extra])  # fmt: skip
+
+    models = build_models(cfg("env.system_prompt=false"), torch.device("cpu"), 0)
+    assert models.layout.system_prompt is False
+    assert build_models(cfg(), torch.device("cpu"), 0).layout.system_prompt is True
+
+    system = "You play FrozenLake. Answer with one move."
+    inp = PolicyInput(episode=0, seed=0, turn=0, system_prompt=system,
+                      observation=Observation("The goal is below the player.", (), {}),
+                      history=[])  # fmt: skip
+    tokens = {}
+    for keep in (True, False):
+        layout = ChatLayout(models.layout.p, system_prompt=keep)
+        policy = HFPolicy(models.actor.eval(), layout, temperature=1.0, max_new_tokens=4,
+                          batch_size=1, greedy=True)  # fmt: skip
+        policy([inp])
+        ep = policy.episodes[0]
+        first = ep.loss_mask.index(1)  # the context before the first answer
+        tokens[keep] = ep.input_ids[:first]
+    tok = models.layout.tok
+    segment = tok(f"<|im_start|>system\n{system}<|im_end|>\n", add_special_tokens=False).input_ids
+    assert tokens[True] == list(segment) + tokens[False]
+    assert tok.decode(tokens[False]).startswith("<|im_start|>user\nThe goal is below")
+    assert system not in tok.decode(tokens[False])
