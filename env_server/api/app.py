@@ -137,7 +137,7 @@ async def serve(settings: Settings, announce: Callable[[str], None] = print) -> 
         if build_grpc is not None:
             grpc_port = settings.grpc_port or _free_port(settings.host)
             address = f"{settings.host}:{grpc_port}"
-            grpc_server = build_grpc(service, address, settings.token)
+            grpc_server = build_grpc(service, address, settings.token, settings.max_request_bytes)
             await grpc_server.start()
             grpc_line = f"gRPC {_url_host(settings.host)}:{grpc_port}"
 

@@ -276,13 +276,17 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         return grpc.stream_stream_rpc_method_handler(deny_stream, **kw)
 
 
-def build_grpc_server(service: SessionService, address: str, token: str | None) -> grpc.aio.Server:
+def build_grpc_server(
+    service: SessionService,
+    address: str,
+    token: str | None,
+    max_request_bytes: int | None = None,
+) -> grpc.aio.Server:
     """A grpc.aio server (not started) serving visenv.v1, health and reflection on
-    `address` ("host:port"; port 0 picks a free one, found afterwards in `server.port`)."""
-    # requests: the same limit as REST's bodies (Settings.max_request_bytes; a gateway
-    # passes its requests on to servers that hold theirs)
-    settings = getattr(service, "settings", None)
-    receive = getattr(settings, "max_request_bytes", None) or Settings().max_request_bytes
+    `address` ("host:port"; port 0 picks a free one, found afterwards in `server.port`).
+    Requests are capped at `max_request_bytes`, the same limit as REST's bodies (default:
+    `Settings.max_request_bytes`); a server and a gateway each pass their own."""
+    receive = max_request_bytes or Settings().max_request_bytes
     server = grpc.aio.server(
         interceptors=[TokenInterceptor(token)] if token else [],
         options=[

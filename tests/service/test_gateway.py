@@ -132,3 +132,26 @@ def test_gateway_waits_for_upstreams_that_are_not_up_yet(start_visenv_server):
         early = http.post("/v1/sessions", json={"env": "sokoban"})
         assert early.status_code == 503 and early.json()["error"]["code"] == "UNAVAILABLE"
         assert http.get("/health").json()["envs"] == []
+
+
+def test_gateway_caps_grpc_requests_at_its_own_max_request_bytes(start_visenv_server):
+    """A gateway started with a smaller request limit than the default refuses a larger
+    gRPC message itself (RESOURCE_EXHAUSTED), as its REST side does with 413, and serves
+    one within the limit."""
+    import grpc
+
+    from visenv.v1 import visenv_pb2 as pb
+    from visenv.v1 import visenv_pb2_grpc as pb_grpc
+
+    upstream = start_visenv_server(workers=1, envs="tiny")
+    gateway = start_visenv_server(envs=None, upstreams=[upstream.grpc], max_request_bytes=1 << 20)
+    options = [("grpc.max_send_message_length", 64 << 20)]
+    with grpc.insecure_channel(gateway.grpc, options=options) as channel:
+        stub = pb_grpc.VisenvStub(channel)
+        item = pb.StepItem(session_id="s-0000000000000000", step_index=0, response="x" * (2 << 20))
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Step(pb.StepRequest(items=[item]))
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        small = pb.StepItem(session_id="s-0000000000000000", step_index=0, response="x" * 1000)
+        answer = stub.Step(pb.StepRequest(items=[small]))  # within the limit: answered
+        assert answer.results[0].error.code == "NOT_FOUND"
