@@ -274,19 +274,28 @@ def phases_once(warmup: int, steps: int) -> None:
     asyncio.run(drive())
 
 
-def phases(checkouts: list[Path], rounds: int, warmup: int, steps: int) -> None:
+def _alternate(
+    checkouts: list[Path], rounds: int, flag: str, warmup: int, steps: int
+) -> dict[Path, list[dict[str, float]]]:
+    """Run this script with `flag` (`--phases-once` or `--split-once`) in each checkout in
+    turn, round after round; each run's last line of `name=value` fields, per checkout."""
     runs: dict[Path, list[dict[str, float]]] = {c: [] for c in checkouts}
     for n in range(rounds):
         for c in checkouts:
             out = subprocess.run(
-                [sys.executable, str(Path(__file__).resolve()), "--phases-once", "--warmup",
+                [sys.executable, str(Path(__file__).resolve()), flag, "--warmup",
                  str(warmup), "--steps", str(steps)],
                 cwd=c, env={**os.environ, "PYTHONPATH": str(c)}, check=True,
                 capture_output=True, text=True,
-            ).stdout.split("\n")[-2].split()  # fmt: skip
+            ).stdout.strip().split("\n")[-1].split()  # fmt: skip
             runs[c].append({k: float(v) for k, v in (f.split("=") for f in out)})
-            print(f"round {n + 1} {c.name}: API process {runs[c][-1]['all']:.1f} us per env-step",
-                  flush=True)  # fmt: skip
+            print(f"round {n + 1} {c.name}: " + ", ".join(f"{k} {v:,.1f}" for k, v in
+                  runs[c][-1].items() if k in ("all", "api", "workers", "rate")), flush=True)  # fmt: skip
+    return runs
+
+
+def phases(checkouts: list[Path], rounds: int, warmup: int, steps: int) -> None:
+    runs = _alternate(checkouts, rounds, "--phases-once", warmup, steps)
     names = list(runs[checkouts[0]][0])
     print("\n| phase | " + " | ".join(c.name for c in checkouts) + " |")
     print("|---|" + "---:|" * len(checkouts))
@@ -297,20 +306,7 @@ def phases(checkouts: list[Path], rounds: int, warmup: int, steps: int) -> None:
 
 
 def split(checkouts: list[Path], rounds: int, warmup: int, steps: int) -> None:
-    runs: dict[Path, list[dict[str, float]]] = {c: [] for c in checkouts}
-    for n in range(rounds):
-        for c in checkouts:
-            out = subprocess.run(
-                [sys.executable, str(Path(__file__).resolve()), "--split-once", "--warmup",
-                 str(warmup), "--steps", str(steps)],
-                cwd=c, env={**os.environ, "PYTHONPATH": str(c)}, check=True,
-                capture_output=True, text=True,
-            ).stdout.split()[-3:]  # fmt: skip
-            row = {k: float(v) for k, v in (field.split("=") for field in out)}
-            runs[c].append(row)
-            print(f"round {n + 1} {c.name}: API {row['api']:.1f} us, workers "
-                  f"{row['workers']:.1f} us per env-step, {row['rate']:,.0f} env-steps/s",
-                  flush=True)  # fmt: skip
+    runs = _alternate(checkouts, rounds, "--split-once", warmup, steps)
     print("\n| checkout | API process | workers | server | env-steps/s |")
     print("|---|---:|---:|---:|---:|")
     for c in checkouts:
