@@ -241,21 +241,8 @@ def _finite_floats(*values: float) -> bool:
         return False
 
 
-def _score_text(value: Any) -> str | None:
-    """`json.dumps(value)` of a score that is None or a finite float (None otherwise)."""
-    if value is None:
-        return "null"
-    if type(value) is float and math.isfinite(value):
-        return float.__repr__(value)  # what json.dumps writes for a float
-    return None
-
-
 def _scores_text(scores: dict[str, Any]) -> str | None:
-    """`json.dumps(scores)`, or None when a score is not finite (then they go as values).
-    Written directly for the usual scores (finite floats, None), else by json.dumps."""
-    obs, pred = _score_text(scores["observation_score"]), _score_text(scores["prediction_score"])
-    if obs is not None and pred is not None and scores["judge_error"] is None:
-        return f'{{"observation_score": {obs}, "prediction_score": {pred}, "judge_error": null}}'
+    """`json.dumps(scores)`, or None when a score is not finite (then they go as values)."""
     if any(isinstance(v, float) and not math.isfinite(v) for v in scores.values()):
         return None
     return json.dumps(scores)
