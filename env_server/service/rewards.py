@@ -145,21 +145,6 @@ def writable(reply: SessionReply) -> tuple[SessionReply, SessionReply | ServiceE
     that it stays readable (GET, a retry, a fork) and can go on."""
     # (a part that came as JSON text, `wire.JSONText`, has none: the worker wrote it so)
     obs = reply.observation
-    parts = reply.reward_parts
-    if (  # the common case, without a walk: every number finite, every object as text
-        _finite_floats(
-            reply.reward,
-            parts.env,
-            parts.format,
-            parts.observation,
-            parts.prediction,
-            parts.penalty,
-        )  # fmt: skip
-        and reply.json_text("info") is not None
-        and obs.json_text("ground_truth") is not None
-        and obs.json_text("info") is not None
-    ):
-        return reply, reply
     bad = [
         *_nonfinite(reply.reward, "reward"),
         *_nonfinite(reply.reward_parts.to_json(), "reward_parts"),
@@ -231,14 +216,6 @@ def assemble_reward(
     else:
         reply.info = {**scores, **reply.info}
     return reply
-
-
-def _finite_floats(*values: float) -> bool:
-    """Whether these numbers (a reply's reward and its parts) are all finite."""
-    try:
-        return all(map(math.isfinite, values))  # (in C: no frame per value)
-    except (TypeError, OverflowError):  # not a float: the walk says what it is
-        return False
 
 
 def _scores_text(scores: dict[str, Any]) -> str | None:
