@@ -92,6 +92,7 @@ from clients.client import EnvClient
 from clients.eval import eval_level_seeds, train_level_seed
 from clients.rollout import PolicyInput, Trajectory
 from clients.types import SessionOptions
+from env_server.core.spatial import grid_sentence  # the server's own words for a relation
 from env_server.envs.frozenlake.env import generate_map  # the server's own generator
 from trainer.config import load_config
 from trainer.model import build_tiny_qwen, load_policy, save_policy
@@ -100,7 +101,8 @@ from trainer.rollout import HFPolicy, attach_rewards
 from trainer.trajectory import ChatLayout, EpisodeTokens, collate, policy_forward
 
 ENV = "frozenlake"
-FORMAT = "no_think"
+FORMAT = "no_think"  # --format: the response format of every policy, demo and session
+FORMATS = ("no_think", "free_think", "grounding_worldmodeling")
 SIZE, P_FROZEN = 4, 0.8
 MAX_TURNS, PER_TURN = 3, 3  # the defaults (the learning test's); --max-turns/--per-turn
 MOVES = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
@@ -250,6 +252,45 @@ def answer(moves: list[str]) -> str:
     return f"<answer>{', '.join(moves or ['Up'])}</answer>"
 
 
+def describe(player: list[int], goal: list[int], holes: list[list[int]]) -> str:
+    """The state in the server's natural sentences (what it grades <observation> and
+    <prediction> against): where the goal and every hole are, seen from the player."""
+    return " ".join([grid_sentence("goal", "player", player, goal)]
+                    + [grid_sentence("hole", "player", player, h) for h in holes])  # fmt: skip
+
+
+def after(gt: dict, moves: list[str]) -> list[int]:
+    """Where the player stands after `moves` (the server's rules: a move off the lake
+    does nothing; a hole or the goal ends the episode, and the moves after it)."""
+    r, c = gt["player"]
+    holes = [list(h) for h in gt["holes"]]
+    for move in moves:
+        dr, dc = MOVES[move]
+        r, c = min(max(r + dr, 0), SIZE - 1), min(max(c + dc, 0), SIZE - 1)
+        if [r, c] in holes or [r, c] == list(gt["goal"]):
+            break
+    return [r, c]
+
+
+def respond(moves: list[str], gt: dict, fmt: str) -> str:
+    """A scripted answer in `fmt`, true to the ground truth `gt` of the state it answers:
+    no_think the moves alone; free_think a short reason first (where the goal is);
+    grounding_worldmodeling the state seen (<observation>), that reason, the state the
+    moves lead to (<prediction>), in the server's natural sentences, so both grade 1.0."""
+    moves = moves or ["Up"]
+    if fmt == "no_think":
+        return answer(moves)
+    reason = grid_sentence("goal", "player", gt["player"], gt["goal"])  # true whoever chose
+    if fmt == "free_think":
+        return f"<think>{reason}</think>{answer(moves)}"
+    if fmt != "grounding_worldmodeling":
+        raise ValueError(f"no scripted answers in the {fmt} format")
+    seen = describe(gt["player"], gt["goal"], gt["holes"])
+    predicted = describe(after(gt, moves), gt["goal"], gt["holes"])
+    return (f"<think><observation>{seen}</observation><reasoning>{reason}</reasoning>"
+            f"<prediction>{predicted}</prediction></think>{answer(moves)}")  # fmt: skip
+
+
 class ScriptedPolicy:
     """Answers `choose(input) -> moves`; with a layout, also lays the episode out as
     tokens (system, observations, the answer's tokens) as HFPolicy does."""
@@ -262,7 +303,7 @@ class ScriptedPolicy:
     def __call__(self, batch: list[PolicyInput]) -> list[str]:
         texts = []
         for inp in batch:
-            text = answer(self.choose(inp))
+            text = respond(self.choose(inp), inp.observation.ground_truth, FORMAT)
             if self.layout is not None:
                 ep = self.episodes.setdefault(inp.episode, EpisodeTokens())
                 if inp.turn == 0:
@@ -411,6 +452,9 @@ def build_model(client: EnvClient, cfg_env: dict[str, Any], seeds: list[int], ou
         re.sub(r"^[_OGPX√]+$", "", r.observation.text, flags=re.M) for r in texts
     ]
     samples += [answer(list(m)) for m in (["Up"], ["Down", "Left"], ["Right", "Right", "Up"])] * 8
+    if FORMAT != "no_think":  # the oracle's first answers, so the format's words merge too
+        samples += [respond(shortest_path(r.observation.ground_truth)[:PER_TURN],
+                            r.observation.ground_truth, FORMAT) for r in texts]  # fmt: skip
     client.close([r.session_id for r in texts])
     return build_tiny_qwen(out, seed=seed, hidden_size=hidden, layers=layers, vocab_size=1024,
                            corpus=samples)  # fmt: skip
@@ -446,7 +490,7 @@ def over_seeds(values: list[float]) -> dict[str, Any]:
 
 
 def main() -> None:
-    global MAX_TURNS, PER_TURN, P_FROZEN  # one level shape for the whole run (--per-turn)
+    global MAX_TURNS, PER_TURN, P_FROZEN, FORMAT  # one shape and format for the whole run
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/learn-frozenlake")
     ap.add_argument("--json", default=None, help="write the results here (after every arm)")
@@ -534,8 +578,12 @@ def main() -> None:
     ap.add_argument("--warm-up-policy", default="oracle", choices=["oracle", "random"],
                     help="whose episodes the warm-up imitates: the oracle's, or random valid "
                     "moves (format only, blind)")  # fmt: skip
+    ap.add_argument("--format", default=FORMAT, choices=FORMATS,
+                    help="the response format of every policy: baselines, the warm-up's "
+                    "scripted demonstrations, PPO (env.format) and evaluation")  # fmt: skip
     args = ap.parse_args()
     MAX_TURNS, PER_TURN, P_FROZEN = args.max_turns, args.per_turn, args.p
+    FORMAT = args.format
     torch.set_num_threads(1)
     if args.write_test_warm_up:
         write_test_warm_up(Path(args.write_test_warm_up))
