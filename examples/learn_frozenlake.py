@@ -92,7 +92,7 @@ from clients.client import EnvClient
 from clients.eval import eval_level_seeds, train_level_seed
 from clients.rollout import PolicyInput, Trajectory
 from clients.types import SessionOptions
-from env_server.core.spatial import grid_sentence  # the server's own words for a relation
+from env_server.core.spatial import grid_relation  # the server's words for a relation
 from env_server.envs.frozenlake.env import generate_map  # the server's own generator
 from trainer.config import load_config
 from trainer.model import build_tiny_qwen, load_policy, save_policy
@@ -252,11 +252,18 @@ def answer(moves: list[str]) -> str:
     return f"<answer>{', '.join(moves or ['Up'])}</answer>"
 
 
+def relation(obj: str, player: list[int], pos: list[int]) -> str:
+    """Where `obj` is, seen from the player, in the words the server writes and grades
+    relations with (`core.spatial`): "goal below right.", "hole same row left.", "goal
+    same row same column." (on it). Both axes always; the server's sentence ("The goal is
+    below and to the right of the player.") grades the same in 12 tokens instead of 4-5."""
+    return f"{obj} {' '.join(grid_relation(player, pos))}."
+
+
 def describe(player: list[int], goal: list[int], holes: list[list[int]]) -> str:
-    """The state in the server's natural sentences (what it grades <observation> and
-    <prediction> against): where the goal and every hole are, seen from the player."""
-    return " ".join([grid_sentence("goal", "player", player, goal)]
-                    + [grid_sentence("hole", "player", player, h) for h in holes])  # fmt: skip
+    """A state as the server grades <observation> and <prediction> (an F1 over every
+    object's relation to the player): where the goal and every hole are."""
+    return " ".join([relation("goal", player, goal)] + [relation("hole", player, h) for h in holes])
 
 
 def after(gt: dict, moves: list[str]) -> list[int]:
@@ -276,11 +283,11 @@ def respond(moves: list[str], gt: dict, fmt: str) -> str:
     """A scripted answer in `fmt`, true to the ground truth `gt` of the state it answers:
     no_think the moves alone; free_think a short reason first (where the goal is);
     grounding_worldmodeling the state seen (<observation>), that reason, the state the
-    moves lead to (<prediction>), in the server's natural sentences, so both grade 1.0."""
+    moves lead to (<prediction>), in the server's words for relations, so both grade 1.0."""
     moves = moves or ["Up"]
     if fmt == "no_think":
         return answer(moves)
-    reason = grid_sentence("goal", "player", gt["player"], gt["goal"])  # true whoever chose
+    reason = relation("goal", gt["player"], gt["goal"])  # true whoever chose the moves
     if fmt == "free_think":
         return f"<think>{reason}</think>{answer(moves)}"
     if fmt != "grounding_worldmodeling":
@@ -468,6 +475,21 @@ def oracle_demos(client: EnvClient, layout: ChatLayout, seeds: list[int],
     trajs = client.run_episodes(policy, ENV, seeds, config=cfg_env, format=FORMAT,
                                 max_turns=MAX_TURNS, progress=False)  # fmt: skip
     return [attach_rewards(policy.episodes[t.episode], t) for t in trajs]
+
+
+def answer_tokens(demos: list[EpisodeTokens]) -> list[int]:
+    """The length in tokens of every answer in these episodes (without its <|im_end|>):
+    what generation must be allowed (--max-new-tokens) to say them whole."""
+    lengths: list[int] = []
+    for ep in demos:
+        run = 0
+        for m in ep.loss_mask + [0]:
+            if m:
+                run += 1
+            elif run:
+                lengths.append(run - 1)
+                run = 0
+    return lengths
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -745,11 +767,16 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
             goal = args.warmup_stop_toward
             return goal is not None and r["first_move_toward_goal"] >= goal
 
+        lengths = answer_tokens(demos)
+        if max(lengths) > args.max_new_tokens:
+            print(f"warning: the longest scripted answer is {max(lengths)} tokens, more than "
+                  f"--max-new-tokens {args.max_new_tokens}", flush=True)  # fmt: skip
         losses = warm_up(model, layout, demos, args.warmup_epochs, args.warmup_lr, seed,
                          steps=args.warmup_steps, stop=stop)  # fmt: skip
         warm = save_policy(model, processing, out / "warm")
         extra = {"warmup_loss": losses,
-                 "tokens_per_demo": float(np.mean([len(e.input_ids) for e in demos]))}  # fmt: skip
+                 "tokens_per_demo": float(np.mean([len(e.input_ids) for e in demos])),
+                 "demo_answer_tokens": {"mean": float(np.mean(lengths)), "max": max(lengths)}}  # fmt: skip
         if checks:
             extra["warmup_validation"] = checks
     runs.setdefault("warm-up", {})[str(seed)] = {

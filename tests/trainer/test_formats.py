@@ -65,5 +65,9 @@ def test_scripted_answers_are_valid_and_graded_full(visenv_server, layout, monke
             said = layout.tok.decode([t for t, m in zip(demo.input_ids, demo.loss_mask,
                                                         strict=True) if m])  # fmt: skip
             assert said == "".join(t.response + "<|im_end|>" for t in traj.turns)
+        assert lf.answer_tokens(demos) == [
+            len(layout.tok(t.response, add_special_tokens=False).input_ids)
+            for traj in trajs for t in traj.turns
+        ]  # fmt: skip
     finally:
         client.close_client()
