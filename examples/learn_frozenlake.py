@@ -41,6 +41,9 @@
     # oracle --no-system-prompt --demo-levels 1024 --validation-levels 100
     # --warmup-check-every 50 --warmup-stop-toward 0.6 --warmup-steps 1500
     # --ppo-iterations 48 --split-seeds 0 1 2 3 4" in place of the warm-up flags above
+    # the world-model reward on and off: the same with "--format free_think
+    # --max-new-tokens 24" or "--format grounding_worldmodeling --max-new-tokens 128"
+    # (docs/trainer.md, "The world-model reward on and off")
     # the learning test's warm-up, again (byte-identical on the same machine)
     .venv/bin/python examples/learn_frozenlake.py --write-test-warm-up DIR
 
