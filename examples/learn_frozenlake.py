@@ -356,7 +356,19 @@ def summary(trajs: list[Trajectory]) -> dict[str, Any]:
             np.mean([bool(x.info.get("action_valid")) for t in ok for x in t.turns])
         ),
         **answer_spread(ok),
+        **world_model_scores(ok),
     }
+
+
+def world_model_scores(trajs: list[Trajectory]) -> dict[str, float]:
+    """The server's mean grade of the <observation> and <prediction> sections over every
+    turn that has them (a valid answer in grounding_worldmodeling); none in other formats."""
+    out = {}
+    for key in ("observation_score", "prediction_score"):
+        scores = [x.info[key] for t in trajs for x in t.turns if x.info.get(key) is not None]
+        if scores:
+            out[key] = float(np.mean(scores))
+    return out
 
 
 def answer_spread(trajs: list[Trajectory]) -> dict[str, Any]:
@@ -364,10 +376,14 @@ def answer_spread(trajs: list[Trajectory]) -> dict[str, Any]:
     answers differently on different maps; a blind one gives one answer everywhere.
     `first_move_toward_goal`: the share of levels whose first move brings the player
     closer to the goal (the cue the natural sentences give most directly; the random
-    baseline's figure is the blind reference)."""
+    baseline's figure is the blind reference). `distinct_first_moves`: the distinct
+    <answer> sections alone (in formats that think first, the whole answer differs with
+    what it says about the level even where the move does not)."""
     first = [t.turns[0].response for t in trajs if t.turns]
     values, counts = np.unique(first, return_counts=True)
     top = int(counts.argmax())
+    moves = {m[1].strip() if (m := re.search(r"<answer>(.*?)</answer>", r, re.S)) else None
+             for r in first}  # fmt: skip
     toward = []
     for t in trajs:
         move = (
@@ -378,7 +394,8 @@ def answer_spread(trajs: list[Trajectory]) -> dict[str, Any]:
         dr, dc = MOVES[move[1]] if move else (0, 0)
         r, c = min(max(sr + dr, 0), SIZE - 1), min(max(sc + dc, 0), SIZE - 1)
         toward.append(abs(r - gr) + abs(c - gc) < abs(sr - gr) + abs(sc - gc))
-    return {"distinct_first_answers": len(values), "top_first_answer": str(values[top]),
+    return {"distinct_first_answers": len(values), "distinct_first_moves": len(moves),
+            "top_first_answer": str(values[top]),
             "top_first_answer_share": float(counts[top] / len(first)),
             "first_move_toward_goal": float(np.mean(toward))}  # fmt: skip
 
@@ -765,7 +782,7 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
             r = greedy_play(client, model, layout, val_seeds, variant, args.max_new_tokens)
             checks.append({"step": step} | {k: r[k] for k in (
                 "success_rate", "first_move_toward_goal", "distinct_first_answers",
-                "valid_answer_rate")})  # fmt: skip
+                "distinct_first_moves", "valid_answer_rate")})  # fmt: skip
             print(variant, seed, "warm-up check:", checks[-1], flush=True)
             goal = args.warmup_stop_toward
             return goal is not None and r["first_move_toward_goal"] >= goal

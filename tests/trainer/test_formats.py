@@ -29,8 +29,9 @@ def layout(tiny_model_path):
     return ChatLayout(load_policy(tiny_model_path)[1])
 
 
-@pytest.mark.parametrize("fmt", lf.FORMATS)
-@pytest.mark.parametrize("choose", ["oracle", "random"])
+@pytest.mark.parametrize(  # random moves where a fall's <prediction> is graded
+    ("fmt", "choose"), [(f, "oracle") for f in lf.FORMATS] + [("grounding_worldmodeling", "random")]
+)
 def test_scripted_answers_are_valid_and_graded_full(visenv_server, layout, monkeypatch, fmt,
                                                     choose):  # fmt: skip
     monkeypatch.setattr(lf, "FORMAT", fmt)
@@ -54,10 +55,16 @@ def test_scripted_answers_are_valid_and_graded_full(visenv_server, layout, monke
                 assert parts.observation == parts.prediction == 0.5, parts
             else:
                 assert turn.info.get("observation_score") is None
+        graded = lf.world_model_scores(trajs)
+        assert graded == ({"observation_score": 1.0, "prediction_score": 1.0}
+                          if fmt == "grounding_worldmodeling" else {})  # fmt: skip
+        spread = lf.answer_spread(trajs)  # the move alone, whatever is said before it
+        assert spread["distinct_first_moves"] == len({traj.turns[0].response.split("<answer>")[1]
+                                                      for traj in trajs})  # fmt: skip
         if choose == "oracle":
             assert all(traj.success for traj in trajs)
         else:  # random moves fall into holes: the prediction of a fall is graded too
-            assert not all(traj.success for traj in trajs)
+            assert any(traj.terminated and not traj.success for traj in trajs)
 
         # the warm-up's data: each episode's answers are the same texts, as tokens
         demos = lf.oracle_demos(client, layout, SEEDS, lf.env_config("natural"), policy)
