@@ -41,6 +41,9 @@
     # oracle --no-system-prompt --demo-levels 1024 --validation-levels 100
     # --warmup-check-every 50 --warmup-stop-toward 0.6 --warmup-steps 1500
     # --ppo-iterations 48 --split-seeds 0 1 2 3 4" in place of the warm-up flags above
+    # the world-model reward on and off: the same with "--format free_think
+    # --max-new-tokens 24" or "--format grounding_worldmodeling --max-new-tokens 128"
+    # (docs/trainer.md, "The world-model reward on and off")
     # the learning test's warm-up, again (byte-identical on the same machine)
     .venv/bin/python examples/learn_frozenlake.py --write-test-warm-up DIR
 
@@ -92,6 +95,7 @@ from clients.client import EnvClient
 from clients.eval import eval_level_seeds, train_level_seed
 from clients.rollout import PolicyInput, Trajectory
 from clients.types import SessionOptions
+from env_server.core.spatial import grid_relation  # the server's words for a relation
 from env_server.envs.frozenlake.env import generate_map  # the server's own generator
 from trainer.config import load_config
 from trainer.model import build_tiny_qwen, load_policy, save_policy
@@ -100,7 +104,8 @@ from trainer.rollout import HFPolicy, attach_rewards
 from trainer.trajectory import ChatLayout, EpisodeTokens, collate, policy_forward
 
 ENV = "frozenlake"
-FORMAT = "no_think"
+FORMAT = "no_think"  # --format: the response format of every policy, demo and session
+FORMATS = ("no_think", "free_think", "grounding_worldmodeling")
 SIZE, P_FROZEN = 4, 0.8
 MAX_TURNS, PER_TURN = 3, 3  # the defaults (the learning test's); --max-turns/--per-turn
 MOVES = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
@@ -250,6 +255,52 @@ def answer(moves: list[str]) -> str:
     return f"<answer>{', '.join(moves or ['Up'])}</answer>"
 
 
+def relation(obj: str, player: list[int], pos: list[int]) -> str:
+    """Where `obj` is, seen from the player, in the words the server writes and grades
+    relations with (`core.spatial`): "goal below right.", "hole same row left.", "goal
+    same row same column." (on it). Both axes always; the server's sentence ("The goal is
+    below and to the right of the player.") grades the same in 12 tokens instead of 4-5."""
+    return f"{obj} {' '.join(grid_relation(player, pos))}."
+
+
+def describe(player: list[int], goal: list[int], holes: list[list[int]]) -> str:
+    """A state as the server grades <observation> and <prediction> (an F1 over every
+    object's relation to the player): where the goal and every hole are."""
+    return " ".join([relation("goal", player, goal)] + [relation("hole", player, h) for h in holes])
+
+
+def after(gt: dict, moves: list[str]) -> list[int]:
+    """Where the player stands after `moves` (the server's rules: a move off the lake
+    does nothing; a hole or the goal ends the episode, and the moves after it)."""
+    r, c = gt["player"]
+    holes = [list(h) for h in gt["holes"]]
+    for move in moves:
+        dr, dc = MOVES[move]
+        r, c = min(max(r + dr, 0), SIZE - 1), min(max(c + dc, 0), SIZE - 1)
+        if [r, c] in holes or [r, c] == list(gt["goal"]):
+            break
+    return [r, c]
+
+
+def respond(moves: list[str], gt: dict, fmt: str) -> str:
+    """A scripted answer in `fmt`, true to the ground truth `gt` of the state it answers:
+    no_think the moves alone; free_think a short reason first (where the goal is);
+    grounding_worldmodeling the state seen (<observation>), that reason, the state the
+    moves lead to (<prediction>), in the server's words for relations, so both grade 1.0."""
+    moves = moves or ["Up"]
+    if fmt == "no_think":
+        return answer(moves)
+    reason = relation("goal", gt["player"], gt["goal"])  # true whoever chose the moves
+    if fmt == "free_think":
+        return f"<think>{reason}</think>{answer(moves)}"
+    if fmt != "grounding_worldmodeling":
+        raise ValueError(f"no scripted answers in the {fmt} format")
+    seen = describe(gt["player"], gt["goal"], gt["holes"])
+    predicted = describe(after(gt, moves), gt["goal"], gt["holes"])
+    return (f"<think><observation>{seen}</observation><reasoning>{reason}</reasoning>"
+            f"<prediction>{predicted}</prediction></think>{answer(moves)}")  # fmt: skip
+
+
 class ScriptedPolicy:
     """Answers `choose(input) -> moves`; with a layout, also lays the episode out as
     tokens (system, observations, the answer's tokens) as HFPolicy does."""
@@ -262,7 +313,7 @@ class ScriptedPolicy:
     def __call__(self, batch: list[PolicyInput]) -> list[str]:
         texts = []
         for inp in batch:
-            text = answer(self.choose(inp))
+            text = respond(self.choose(inp), inp.observation.ground_truth, FORMAT)
             if self.layout is not None:
                 ep = self.episodes.setdefault(inp.episode, EpisodeTokens())
                 if inp.turn == 0:
@@ -305,7 +356,19 @@ def summary(trajs: list[Trajectory]) -> dict[str, Any]:
             np.mean([bool(x.info.get("action_valid")) for t in ok for x in t.turns])
         ),
         **answer_spread(ok),
+        **world_model_scores(ok),
     }
+
+
+def world_model_scores(trajs: list[Trajectory]) -> dict[str, float]:
+    """The server's mean grade of the <observation> and <prediction> sections over every
+    turn that has them (a valid answer in grounding_worldmodeling); none in other formats."""
+    out = {}
+    for key in ("observation_score", "prediction_score"):
+        scores = [x.info[key] for t in trajs for x in t.turns if x.info.get(key) is not None]
+        if scores:
+            out[key] = float(np.mean(scores))
+    return out
 
 
 def answer_spread(trajs: list[Trajectory]) -> dict[str, Any]:
@@ -313,10 +376,14 @@ def answer_spread(trajs: list[Trajectory]) -> dict[str, Any]:
     answers differently on different maps; a blind one gives one answer everywhere.
     `first_move_toward_goal`: the share of levels whose first move brings the player
     closer to the goal (the cue the natural sentences give most directly; the random
-    baseline's figure is the blind reference)."""
+    baseline's figure is the blind reference). `distinct_first_moves`: the distinct
+    <answer> sections alone (in formats that think first, the whole answer differs with
+    what it says about the level even where the move does not)."""
     first = [t.turns[0].response for t in trajs if t.turns]
     values, counts = np.unique(first, return_counts=True)
     top = int(counts.argmax())
+    moves = {m[1].strip() if (m := re.search(r"<answer>(.*?)</answer>", r, re.S)) else None
+             for r in first}  # fmt: skip
     toward = []
     for t in trajs:
         move = (
@@ -327,7 +394,8 @@ def answer_spread(trajs: list[Trajectory]) -> dict[str, Any]:
         dr, dc = MOVES[move[1]] if move else (0, 0)
         r, c = min(max(sr + dr, 0), SIZE - 1), min(max(sc + dc, 0), SIZE - 1)
         toward.append(abs(r - gr) + abs(c - gc) < abs(sr - gr) + abs(sc - gc))
-    return {"distinct_first_answers": len(values), "top_first_answer": str(values[top]),
+    return {"distinct_first_answers": len(values), "distinct_first_moves": len(moves),
+            "top_first_answer": str(values[top]),
             "top_first_answer_share": float(counts[top] / len(first)),
             "first_move_toward_goal": float(np.mean(toward))}  # fmt: skip
 
@@ -411,6 +479,9 @@ def build_model(client: EnvClient, cfg_env: dict[str, Any], seeds: list[int], ou
         re.sub(r"^[_OGPX√]+$", "", r.observation.text, flags=re.M) for r in texts
     ]
     samples += [answer(list(m)) for m in (["Up"], ["Down", "Left"], ["Right", "Right", "Up"])] * 8
+    if FORMAT != "no_think":  # the oracle's first answers, so the format's words merge too
+        samples += [respond(shortest_path(r.observation.ground_truth)[:PER_TURN],
+                            r.observation.ground_truth, FORMAT) for r in texts]  # fmt: skip
     client.close([r.session_id for r in texts])
     return build_tiny_qwen(out, seed=seed, hidden_size=hidden, layers=layers, vocab_size=1024,
                            corpus=samples)  # fmt: skip
@@ -424,6 +495,21 @@ def oracle_demos(client: EnvClient, layout: ChatLayout, seeds: list[int],
     trajs = client.run_episodes(policy, ENV, seeds, config=cfg_env, format=FORMAT,
                                 max_turns=MAX_TURNS, progress=False)  # fmt: skip
     return [attach_rewards(policy.episodes[t.episode], t) for t in trajs]
+
+
+def answer_tokens(demos: list[EpisodeTokens]) -> list[int]:
+    """The length in tokens of every answer in these episodes (without its <|im_end|>):
+    what generation must be allowed (--max-new-tokens) to say them whole."""
+    lengths: list[int] = []
+    for ep in demos:
+        run = 0
+        for m in ep.loss_mask + [0]:
+            if m:
+                run += 1
+            elif run:
+                lengths.append(run - 1)
+                run = 0
+    return lengths
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -446,7 +532,7 @@ def over_seeds(values: list[float]) -> dict[str, Any]:
 
 
 def main() -> None:
-    global MAX_TURNS, PER_TURN, P_FROZEN  # one level shape for the whole run (--per-turn)
+    global MAX_TURNS, PER_TURN, P_FROZEN, FORMAT  # one shape and format for the whole run
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/learn-frozenlake")
     ap.add_argument("--json", default=None, help="write the results here (after every arm)")
@@ -534,8 +620,12 @@ def main() -> None:
     ap.add_argument("--warm-up-policy", default="oracle", choices=["oracle", "random"],
                     help="whose episodes the warm-up imitates: the oracle's, or random valid "
                     "moves (format only, blind)")  # fmt: skip
+    ap.add_argument("--format", default=FORMAT, choices=FORMATS,
+                    help="the response format of every policy: baselines, the warm-up's "
+                    "scripted demonstrations, PPO (env.format) and evaluation")  # fmt: skip
     args = ap.parse_args()
     MAX_TURNS, PER_TURN, P_FROZEN = args.max_turns, args.per_turn, args.p
+    FORMAT = args.format
     torch.set_num_threads(1)
     if args.write_test_warm_up:
         write_test_warm_up(Path(args.write_test_warm_up))
@@ -692,16 +782,21 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
             r = greedy_play(client, model, layout, val_seeds, variant, args.max_new_tokens)
             checks.append({"step": step} | {k: r[k] for k in (
                 "success_rate", "first_move_toward_goal", "distinct_first_answers",
-                "valid_answer_rate")})  # fmt: skip
+                "distinct_first_moves", "valid_answer_rate")})  # fmt: skip
             print(variant, seed, "warm-up check:", checks[-1], flush=True)
             goal = args.warmup_stop_toward
             return goal is not None and r["first_move_toward_goal"] >= goal
 
+        lengths = answer_tokens(demos)
+        if max(lengths) > args.max_new_tokens:
+            print(f"warning: the longest scripted answer is {max(lengths)} tokens, more than "
+                  f"--max-new-tokens {args.max_new_tokens}", flush=True)  # fmt: skip
         losses = warm_up(model, layout, demos, args.warmup_epochs, args.warmup_lr, seed,
                          steps=args.warmup_steps, stop=stop)  # fmt: skip
         warm = save_policy(model, processing, out / "warm")
         extra = {"warmup_loss": losses,
-                 "tokens_per_demo": float(np.mean([len(e.input_ids) for e in demos]))}  # fmt: skip
+                 "tokens_per_demo": float(np.mean([len(e.input_ids) for e in demos])),
+                 "demo_answer_tokens": {"mean": float(np.mean(lengths)), "max": max(lengths)}}  # fmt: skip
         if checks:
             extra["warmup_validation"] = checks
     runs.setdefault("warm-up", {})[str(seed)] = {
