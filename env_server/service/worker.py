@@ -16,6 +16,7 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 import time
 import traceback
 from collections.abc import Sequence
@@ -396,8 +397,10 @@ class Worker:
         earns none, and a step's is assembled by the service (`rewards.assemble_reward`)."""
         env, obs = session.env, session.obs
         fmt, rep, cfg = session.format, session.representation, session.reasoning
-        text = turn_prompt(env, obs, fmt, rep, cfg)
-        prompt = system_prompt(env, fmt, rep, cfg) if start else None
+        # one object for equal prompts (most sessions' are the same): a batch's answers
+        # pickle it once (pickle's memo), and the API process reads it once
+        text = sys.intern(turn_prompt(env, obs, fmt, rep, cfg))
+        prompt = sys.intern(system_prompt(env, fmt, rep, cfg)) if start else None
         enc = encoding or session.encoding
         images = session.images.encode(obs.images, enc)
         try:

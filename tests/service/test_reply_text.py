@@ -313,3 +313,18 @@ def test_sokoban_replies_carry_each_ground_truths_own_text():
         check(worker.handle([Reset(s) for s in done]))
         resets += len(done)
     assert resets >= 3 and checked > 40
+
+
+def test_equal_prompts_cross_the_pipe_once():
+    """Sessions shown the same turn and system prompts hand out one object each, so that a
+    batch's answers pickle it once."""
+    worker = Worker()
+    options = {"env": "sokoban", "config": {"dim_room": [6, 6], "num_boxes": 1}}
+    made = worker.handle([_mk(f"s-{n}", {**options, "seed": n}) for n in range(3)])
+    stepped = worker.handle([Step(f"s-{n}", "<answer>Up</answer>") for n in range(3)])
+    for replies in (made, [s.reply for s in stepped]):
+        first = replies[0].observation.text
+        assert all(r.observation.text is first for r in replies)
+    assert all(r.system_prompt is made[0].system_prompt for r in made)
+    data = pickle.dumps(made, protocol=pickle.HIGHEST_PROTOCOL)
+    assert data.count(made[0].system_prompt.encode()) == 1
