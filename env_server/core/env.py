@@ -163,8 +163,8 @@ class Environment(ABC):
       overridden to grade them itself (then `grading` may be None);
     - `render_answer(action)`: the picture an agent's answer draws, where there is one
       (the svg environment renders the agent's SVG); None otherwise;
-    - `state_prompt(rep)`, `fork_tolerance`, `unavailable_reason()`, `_snapshot` /
-      `_restore` where they differ from the defaults.
+    - `state_prompt(rep)`, `fork_tolerance`, `fixed_ground_truth`, `unavailable_reason()`,
+      `_snapshot` / `_restore` where they differ from the defaults.
 
     What the base class does, in one place, for every environment (as gymnasium's
     `TimeLimit` and `PassiveEnvChecker` do around an `Env`):
@@ -198,6 +198,10 @@ class Environment(ABC):
     # how many bits of seed the environment's random generator takes: a larger seed is
     # mapped onto them (`narrow_seed`) before `_reset` sees it (ManiSkill: 32)
     seed_bits: ClassVar[int] = 63
+    # ground-truth keys whose values the environment never changes in place (a room's
+    # walls, handed out as the same objects every step of an episode): the worker checks
+    # and encodes such a value once, while the ground truth holds that same object
+    fixed_ground_truth: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, config: EnvConfig | None = None) -> None:
         self.config = config if config is not None else self.Config()

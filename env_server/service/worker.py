@@ -16,6 +16,7 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 import time
 import traceback
 from collections.abc import Sequence
@@ -80,6 +81,9 @@ class WorkerSession:
     # the latest image the session showed: what /frame serves when the current observation
     # is text only (unary feedback after an answer, a text-mode turn)
     last_image: np.ndarray | None = None
+    # the JSON text of the ground truth's fixed entries, by key: (the value, its text)
+    # (`_truth_json`)
+    truth_texts: dict[str, tuple[Any, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.observe(self.obs)
@@ -345,7 +349,9 @@ class Worker:
             for new_id in new_ids:
                 fork_env = type(env)(env.config)
                 obs = copy.deepcopy(source.obs)
-                fork = dataclasses.replace(source, env=fork_env, obs=obs, images=ImageCache())
+                fork = dataclasses.replace(
+                    source, env=fork_env, obs=obs, images=ImageCache(), truth_texts={}
+                )
                 made.append((new_id, fork))
                 fork_env.restore(snapshot)
         except BaseException:
@@ -391,14 +397,22 @@ class Worker:
         earns none, and a step's is assembled by the service (`rewards.assemble_reward`)."""
         env, obs = session.env, session.obs
         fmt, rep, cfg = session.format, session.representation, session.reasoning
-        text = turn_prompt(env, obs, fmt, rep, cfg)
-        prompt = system_prompt(env, fmt, rep, cfg) if start else None
+        # one object for equal prompts (most sessions' are the same): a batch's answers
+        # pickle it once (pickle's memo), and the API process reads it once
+        text = sys.intern(turn_prompt(env, obs, fmt, rep, cfg))
+        prompt = sys.intern(system_prompt(env, fmt, rep, cfg)) if start else None
         enc = encoding or session.encoding
         images = session.images.encode(obs.images, enc)
-        ground_truth = plain(obs.ground_truth, "ground_truth")
-        obs_info = plain(obs.info, "observation.info")
-        texts = _json_texts(ground_truth=ground_truth, info=obs_info)
-        if texts is None:
+        try:
+            texts = {
+                "ground_truth": _truth_json(
+                    obs.ground_truth, env.fixed_ground_truth, session.truth_texts
+                ),
+                "info": _to_json(plain(obs.info, "observation.info")),
+            }
+        except ValueError:  # a non-finite number: sent as values, for `writable` to find
+            ground_truth = plain(obs.ground_truth, "ground_truth")
+            obs_info = plain(obs.info, "observation.info")
             observation = wire.Observation(text, images, ground_truth, obs_info)
         else:
             observation = wire.Observation.with_json(texts, text=text, images=images)
@@ -429,6 +443,36 @@ class Worker:
 # No check for circular references (a fifth of the time of a ground truth's text): what
 # it encodes is `plain`'s output, which a cycle never gets out of (plain recurses too)
 _to_json = json.JSONEncoder(allow_nan=False, check_circular=False).encode
+
+
+def _truth_json(truth: Any, fixed: frozenset[str], known: dict[str, tuple[Any, str]]) -> str:
+    """`_to_json(plain(truth, "ground_truth"))`, without checking and encoding again the
+    entries the environment never changes in place (`fixed_ground_truth`: a room's walls,
+    ~40% of a Sokoban ground truth's text): such an entry's text (`"walls": [[0, 0], ...]`)
+    is kept in `known` while the ground truth holds the same object. json writes a dict as
+    its entries' texts joined by ", " in braces; the entries between fixed ones are written
+    by json as a dict of their own, braces cut off."""
+    if not fixed or type(truth) is not dict:
+        return _to_json(plain(truth, "ground_truth"))
+    parts: list[str] = []
+    others: dict[str, Any] = {}
+    for key, value in truth.items():
+        if type(key) is not str:  # plain() renames such keys: the whole dict, as before
+            return _to_json(plain(truth, "ground_truth"))
+        if key not in fixed:
+            others[key] = value
+            continue
+        if others:
+            parts.append(_to_json(plain(others, "ground_truth"))[1:-1])
+            others = {}
+        entry = known.get(key)
+        if entry is None or entry[0] is not value:
+            text = _to_json(plain({key: value}, "ground_truth"))[1:-1]
+            entry = known[key] = (value, text)
+        parts.append(entry[1])
+    if others:
+        parts.append(_to_json(plain(others, "ground_truth"))[1:-1])
+    return "{" + ", ".join(parts) + "}"
 
 
 def _json_texts(**objects: Any) -> dict[str, str] | None:

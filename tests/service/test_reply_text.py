@@ -14,12 +14,15 @@ import pickle
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from env_server.core.types import plain
 from env_server.reasoning import ReasoningConfig, TurnScore
-from env_server.service.messages import Create, Reset, Step
+from env_server.service.messages import Create, Fork, Reset, Step
 from env_server.service.models import ActionModel, SessionOptions
 from env_server.service.rewards import assemble_reward, writable
-from env_server.service.worker import Worker
+from env_server.service.worker import Worker, _truth_json
 from visenv import wire
 
 
@@ -233,3 +236,95 @@ def test_writable_takes_a_reply_with_every_number_finite_as_it_is():
         stepped.reward = reward
         stored, error = writable(stepped)
         assert error.code == "INTERNAL" and stored.reward == 0.0
+
+
+# ---- the ground truth's fixed entries, encoded once (`worker._truth_json`) ----------------
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text()
+    | st.floats(allow_nan=False, allow_infinity=False),
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=12,
+)  # fmt: skip
+_KEYS = st.sampled_from(["walls", "grid_size", "player", "é", "relations", "n"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    truth=st.dictionaries(_KEYS, _JSON_VALUES, max_size=6),
+    fixed=st.frozensets(_KEYS, max_size=4),
+    odd_key=st.sampled_from([None, True, 1, 2.5]),
+)
+def test_the_ground_truths_text_is_json_dumps_of_its_plain_values(truth, fixed, odd_key):
+    """Written entry by entry, with the fixed ones from the cache on the second reply:
+    byte for byte `json.dumps(plain(truth))`, also where plain() renames a non-str key."""
+    known: dict = {}
+    want = json.dumps(plain(truth))
+    assert _truth_json(truth, fixed, known) == want
+    assert _truth_json(truth, fixed, known) == want  # the fixed entries' texts kept
+    assert set(known) == fixed & set(truth)
+    odd = {odd_key: 1, **truth, str(odd_key): 2}  # plain() merges these two
+    assert _truth_json(odd, fixed, known) == json.dumps(plain(odd))
+
+
+def test_a_fixed_entry_is_encoded_again_when_it_is_another_object():
+    walls, known = [[0, 0], [0, 1]], {}
+    fixed = frozenset({"walls"})
+    assert (
+        _truth_json({"p": 1, "walls": walls}, fixed, known) == '{"p": 1, "walls": [[0, 0], [0, 1]]}'
+    )
+    assert known["walls"][0] is walls
+    other = [[2, 2]]  # a new episode's walls
+    assert _truth_json({"p": 2, "walls": other}, fixed, known) == '{"p": 2, "walls": [[2, 2]]}'
+    with pytest.raises(ValueError):  # a non-finite number: refused, as json.dumps's
+        _truth_json({"walls": [math.inf]}, fixed, known)
+    with pytest.raises(TypeError, match=r"ground_truth\.walls\[0\]"):  # named, as plain() does
+        _truth_json({"walls": [object()]}, fixed, known)
+
+
+def test_sokoban_replies_carry_each_ground_truths_own_text():
+    """Over steps, resets and a fork, every reply's ground truth text is `json.dumps` of
+    the environment's ground truth at that moment, and the walls' text was written once
+    per episode (the cache holds the episode's own walls object)."""
+    worker, rng = Worker(), random.Random(5)
+    cfg = {"dim_room": [6, 6], "num_boxes": 1, "max_turns": 3}
+    ids = ["s-1", "s-2"]
+    replies = list(worker.handle([_mk(s, {"env": "sokoban", "seed": n, "config": cfg})
+                                  for n, s in enumerate(ids)]))  # fmt: skip
+    worker.handle([Fork("s-1", ("s-3",))])
+    ids.append("s-3")
+    checked = resets = 0
+
+    def check(replies):
+        nonlocal checked
+        for reply in replies:
+            session = worker.sessions[reply.session_id]
+            truth = session.env.ground_truth()
+            assert reply.observation.json_text("ground_truth") == json.dumps(truth)
+            assert session.truth_texts["walls"][0] is truth["walls"]
+            checked += 1
+
+    check(replies)
+    for _ in range(12):
+        replies = [a.reply for a in worker.handle([Step(s, _responses(rng)[0]) for s in ids])]
+        check(replies)
+        done = [r.session_id for r in replies if r.done]
+        check(worker.handle([Reset(s) for s in done]))
+        resets += len(done)
+    assert resets >= 3 and checked > 40
+
+
+def test_equal_prompts_cross_the_pipe_once():
+    """Sessions shown the same turn and system prompts hand out one object each, so that a
+    batch's answers pickle it once."""
+    worker = Worker()
+    options = {"env": "sokoban", "config": {"dim_room": [6, 6], "num_boxes": 1}}
+    made = worker.handle([_mk(f"s-{n}", {**options, "seed": n}) for n in range(3)])
+    stepped = worker.handle([Step(f"s-{n}", "<answer>Up</answer>") for n in range(3)])
+    for replies in (made, [s.reply for s in stepped]):
+        first = replies[0].observation.text
+        assert all(r.observation.text is first for r in replies)
+    assert all(r.system_prompt is made[0].system_prompt for r in made)
+    data = pickle.dumps(made, protocol=pickle.HIGHEST_PROTOCOL)
+    assert data.count(made[0].system_prompt.encode()) == 1

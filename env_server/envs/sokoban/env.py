@@ -99,6 +99,10 @@ class SokobanEnv(Environment):
         "Sokoban in a small seeded room: push every box onto a target (Up/Down/Left/Right)."
     )
     grading: ClassVar[GradingSpec] = GRADING
+    # the episode's unchanging part of the ground truth (`_static_gt`, never changed in place)
+    fixed_ground_truth: ClassVar[frozenset[str]] = frozenset(
+        {"grid_size", "targets", "walls", "num_boxes"}
+    )
 
     config: SokobanConfig
 
