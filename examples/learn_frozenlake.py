@@ -184,6 +184,12 @@ def held_out_levels(n: int, training: set[tuple[str, ...]]) -> tuple[list[int], 
     raise RuntimeError("not enough distinct held-out levels")
 
 
+def levels_record(training: set, eval_seeds: list[int], dropped: int) -> dict[str, int]:
+    """What --merge compares to know that runs played the same held-out levels."""
+    return {"held_out": len(eval_seeds), "held_out_first": eval_seeds[0],
+            "duplicates_dropped": dropped, "training_maps": len(training)}  # fmt: skip
+
+
 def split_levels(args) -> tuple[set[tuple[str, ...]], list[int], list[int], int]:
     """The maps every training seed may see (warm-up, PPO, the fixed plan's fit levels),
     the fixed plan's fit seeds, and the held-out seeds with how many were dropped."""
@@ -659,8 +665,7 @@ def main() -> None:
 
     # levels ---------------------------------------------------------------------------
     training, plan_seeds, eval_seeds, dropped = split_levels(args)
-    report["levels"] = {"held_out": len(eval_seeds), "held_out_first": eval_seeds[0],
-                        "duplicates_dropped": dropped, "training_maps": len(training)}  # fmt: skip
+    report["levels"] = levels_record(training, eval_seeds, dropped)
     t0 = time.time()
     plan, plan_fit = best_fixed_plan(plan_seeds, MAX_TURNS * PER_TURN)
     report["best_fixed_plan"] = {"plan": plan, "success_on_fit_levels": plan_fit,
@@ -871,9 +876,12 @@ def merge(args) -> None:
 
 
 def reevaluate(args) -> None:
-    """Greedy evaluation, on the same held-out levels, of the models in --out."""
-    eval_seeds = split_levels(args)[2]
-    report: dict[str, Any] = {"args": vars(args), "runs": {}}
+    """Greedy evaluation, on the held-out levels of these flags (--split-seeds may name
+    more seeds than the run did: a wider split, shared with runs of more seeds), of the
+    models in --out; the report merges (--merge) with runs on the same levels."""
+    training, _, eval_seeds, dropped = split_levels(args)
+    report: dict[str, Any] = {"args": vars(args), "runs": {},
+                              "levels": levels_record(training, eval_seeds, dropped)}  # fmt: skip
     proc, address = start_server()
     try:
         client = EnvClient(address)
