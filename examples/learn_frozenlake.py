@@ -858,7 +858,7 @@ def merge(args) -> None:
     found in several files (the warm-up, when later runs start from it) is the first's."""
     parts = [json.loads(Path(f).read_text()) for f in args.merge]
     report = parts[0] | {"runs": {}, "merged_from": args.merge,
-                         "seconds_per_part": [p["seconds"] for p in parts]}  # fmt: skip
+                         "seconds_per_part": [p.get("seconds") for p in parts]}  # fmt: skip
     for part in parts:
         if part["levels"] != parts[0]["levels"]:
             raise SystemExit(f"{args.merge}: the runs played different held-out levels")
