@@ -275,14 +275,20 @@ def describe(player: list[int], goal: list[int], holes: list[list[int]]) -> str:
     return " ".join([relation("goal", player, goal)] + [relation("hole", player, h) for h in holes])
 
 
+def moved(r: int, c: int, move: str | None) -> tuple[int, int]:
+    """The cell one move leads to from (r, c): a move off the lake does nothing (the
+    server's rule); None (no move) stays."""
+    dr, dc = MOVES[move] if move else (0, 0)
+    return min(max(r + dr, 0), SIZE - 1), min(max(c + dc, 0), SIZE - 1)
+
+
 def after(gt: dict, moves: list[str]) -> list[int]:
     """Where the player stands after `moves` (the server's rules: a move off the lake
     does nothing; a hole or the goal ends the episode, and the moves after it)."""
     r, c = gt["player"]
     holes = [list(h) for h in gt["holes"]]
     for move in moves:
-        dr, dc = MOVES[move]
-        r, c = min(max(r + dr, 0), SIZE - 1), min(max(c + dc, 0), SIZE - 1)
+        r, c = moved(r, c, move)
         if [r, c] in holes or [r, c] == list(gt["goal"]):
             break
     return [r, c]
@@ -397,8 +403,7 @@ def answer_spread(trajs: list[Trajectory]) -> dict[str, Any]:
         )
         grid = level_key(t.seed)
         (sr, sc), (gr, gc) = [divmod("".join(grid).index(ch), SIZE) for ch in "SG"]
-        dr, dc = MOVES[move[1]] if move else (0, 0)
-        r, c = min(max(sr + dr, 0), SIZE - 1), min(max(sc + dc, 0), SIZE - 1)
+        r, c = moved(sr, sc, move[1] if move else None)
         toward.append(abs(r - gr) + abs(c - gc) < abs(sr - gr) + abs(sc - gc))
     return {"distinct_first_answers": len(values), "distinct_first_moves": len(moves),
             "top_first_answer": str(values[top]),
