@@ -28,7 +28,7 @@ import pickle
 import signal
 import socket
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -80,6 +80,7 @@ class _Queued:
     batch: list[Message]
     future: asyncio.Future
     deadline: float  # seconds the worker may take for it (see WorkerHandle.stuck)
+    ahead: bool = False  # the next piece of a batch: its own message, sent ahead (`request`)
 
 
 class WorkerHandle:
@@ -196,7 +197,7 @@ class WorkerHandle:
             self.on_death(self)
 
     async def request(
-        self, batch: list[Message], deadline: float = 60.0
+        self, batch: list[Message], deadline: float = 60.0, ahead: bool = False
     ) -> list[Any] | ServiceError:
         """Send a batch of messages to the worker and await their answers (a list, in
         order; or one ServiceError when the worker could not read the message), coalesced
@@ -213,18 +214,23 @@ class WorkerHandle:
         round, not 64. A lone client, or one sending batches, never overlaps itself, so it
         never waits. Sub-requests keep their order (a session's step, then its close, stay
         in that order); each caller gets its own answer, or WorkerLost if the worker dies.
+
+        `ahead`: the batch is the next piece of one whose piece before it is in flight
+        (`WorkerPool.pieces`). It goes as a message of its own, without waiting for that
+        answer, as soon as nothing else is queued before it: the worker finds it in its
+        pipe when it finishes the piece before, while this process reads that answer.
         """
         if not self.alive or self._writer is None:
             raise WorkerLost(f"worker {self.index} is not running")
         if not batch:
             return []
         loop = asyncio.get_running_loop()
-        if self._in_flight or self._queue:
+        if not ahead and (self._in_flight or self._queue):  # (a piece does not find itself)
             self._overlaps.append(loop.time())
         future = loop.create_future()
-        self._queue.append(_Queued(batch, future, deadline))
+        self._queue.append(_Queued(batch, future, deadline, ahead))
         self._queued_items += len(batch)
-        if self._queued_items >= self.coalesce_max_items:
+        if self._queued_items >= self.coalesce_max_items or self._ahead_may_go():
             self._flush()
         elif self._in_flight or self._timer is not None:
             pass  # sent when the message in flight answers, or the window closes
@@ -261,9 +267,15 @@ class WorkerHandle:
         self._timer = None
         self._flush(force=True)
 
+    def _ahead_may_go(self) -> bool:
+        """Whether the queue's first entry is a piece sent ahead that may go now: one
+        message in flight at most (its piece before), so the worker holds two at most."""
+        return bool(self._queue) and self._queue[0].ahead and self._in_flight < 2
+
     def _flush(self, force: bool = False) -> None:
         """Send the queue (in messages of at most coalesce_max_items items) while the worker
-        has nothing in flight, or the queue is full, or `force` (the window is over)."""
+        has nothing in flight, or the queue is full, or `force` (the window is over), or a
+        piece sent ahead is first (`request`); such a piece always travels alone."""
         if not self.alive or self._writer is None:
             lost = WorkerLost(f"worker {self.index} (pid {self.pid}) is not running")
             while self._queue:
@@ -273,13 +285,21 @@ class WorkerHandle:
             self._queued_items = 0
             return
         while self._queue and (
-            force or self._in_flight == 0 or self._queued_items >= self.coalesce_max_items
+            force
+            or self._in_flight == 0
+            or self._queued_items >= self.coalesce_max_items
+            or self._ahead_may_go()
         ):
             force = False
             entries: list[_Queued] = []
             items = 0
             while self._queue and (
-                not entries or items + len(self._queue[0].batch) <= self.coalesce_max_items
+                not entries
+                or (
+                    not entries[0].ahead
+                    and not self._queue[0].ahead
+                    and items + len(self._queue[0].batch) <= self.coalesce_max_items
+                )
             ):
                 entry = self._queue.popleft()
                 self._queued_items -= len(entry.batch)
@@ -429,27 +449,59 @@ class WorkerPool:
     async def call(
         self, worker: WorkerHandle, batch: list[Message], envs: Iterable[str] = ()
     ) -> list:
-        """A batch for one worker, sent in pieces of at most `piece_items` messages,
-        one piece after another (other callers' requests go between them, so a big batch
-        does not hold up other sessions, and each piece finishes well inside the deadline).
-        If the worker dies, or spends longer than the deadline of the environments involved
-        on one message (then it is killed and replaced), the items not yet answered answer
+        """A batch for one worker: the answers of all its `pieces`, in order."""
+        return [
+            answer async for _, answers in self.pieces(worker, batch, envs) for answer in answers
+        ]
+
+    async def pieces(
+        self, worker: WorkerHandle, batch: list[Message], envs: Iterable[str] = ()
+    ) -> AsyncIterator[tuple[int, list]]:
+        """A batch for one worker, sent in pieces of at most `piece_items` messages: yields
+        (position of the piece's first item, its answers) piece after piece, in order.
+
+        Each piece is sent before the answer of the one before it has been read (two in
+        flight at most, `WorkerHandle.request`'s `ahead`): the worker goes on with the next
+        piece while this process reads and finishes the answers of the last one. Other
+        callers' requests queued meanwhile go between pieces, so a big batch does not hold
+        up other sessions, and each piece finishes well inside the deadline. If the worker
+        dies, or spends longer than the deadline of the environments involved on one
+        message (then it is killed and replaced), the items not yet answered answer
         SESSION_LOST."""
         envs = list(dict.fromkeys(envs))  # each once (a batch's items mostly share one)
         deadline = self.deadline(envs)
         size = self.piece_items(envs)
-        answers: list = []
-        for start in range(0, len(batch), size):
-            piece = batch[start : start + size]
-            got = await self._call_piece(worker, piece, deadline)
-            answers += got
-            if got and isinstance(got[0], ServiceError) and got[0].code == "SESSION_LOST":
-                return answers + [got[0]] * (len(batch) - len(answers))  # the worker is gone
-        return answers
+        starts = range(0, len(batch), size)
+        sent: collections.deque[asyncio.Future] = collections.deque()
 
-    async def _call_piece(self, worker: WorkerHandle, batch: list[Message], deadline: float):
+        def send(start: int) -> None:
+            piece = batch[start : start + size]
+            ahead = bool(sent)  # the piece before it is on its way
+            sent.append(asyncio.ensure_future(self._call_piece(worker, piece, deadline, ahead)))
+
+        try:
+            for n, start in enumerate(starts):
+                if n == 0:
+                    send(start)
+                if n + 1 < len(starts):
+                    send(starts[n + 1])  # the next piece goes before this one's answer is read
+                got = await sent[0]
+                sent.popleft()
+                yield start, got
+                if got and isinstance(got[0], ServiceError) and got[0].code == "SESSION_LOST":
+                    rest = len(batch) - start - len(got)  # the worker is gone
+                    if rest:
+                        yield start + len(got), [got[0]] * rest
+                    return
+        finally:
+            for piece in sent:  # our caller gave up, or the worker was lost
+                piece.cancel()
+
+    async def _call_piece(
+        self, worker: WorkerHandle, batch: list[Message], deadline: float, ahead: bool = False
+    ):
         loop = asyncio.get_running_loop()
-        request = asyncio.ensure_future(worker.request(batch, deadline))
+        request = asyncio.ensure_future(worker.request(batch, deadline, ahead))
         try:
             while True:
                 done, _ = await asyncio.wait({request}, timeout=min(1.0, deadline / 10))

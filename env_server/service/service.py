@@ -570,21 +570,31 @@ class EnvService:
                 held.busy = loop.create_future()
             planned.setdefault(session.worker, []).append((pos, item, session))
 
+        async def finish(part: list[tuple[int, Any, Session]], answers: list) -> None:
+            if call.post is not None:
+                answers = await call.post(part, answers)
+            for (pos, item, session), answer in zip(part, answers, strict=True):
+                if call.applied is not None and isinstance(answer, SessionReply):
+                    stored, results[pos] = writable(answer)
+                    call.applied(item, session, stored)
+                elif call.otherwise is not None:
+                    results[pos] = call.otherwise(item, session, answer)
+                else:
+                    results[pos] = self._failed(session, answer)
+
         async def run(worker: WorkerHandle, group: list[tuple[int, Any, Session]]) -> None:
+            # each piece of the worker's answers is finished as it comes, while the worker
+            # goes on with the next one (`WorkerPool.pieces`)
+            finishing = []
             try:
-                answers = await self.pool.call(
-                    worker, [call.message(i, s) for _, i, s in group], [s.env for _, _, s in group]
-                )
-                if call.post is not None:
-                    answers = await call.post(group, answers)
-                for (pos, item, session), answer in zip(group, answers, strict=True):
-                    if call.applied is not None and isinstance(answer, SessionReply):
-                        stored, results[pos] = writable(answer)
-                        call.applied(item, session, stored)
-                    elif call.otherwise is not None:
-                        results[pos] = call.otherwise(item, session, answer)
-                    else:
-                        results[pos] = self._failed(session, answer)
+                messages = [call.message(i, s) for _, i, s in group]
+                envs = [s.env for _, _, s in group]
+                try:
+                    async for start, answers in self.pool.pieces(worker, messages, envs):
+                        part = group[start : start + len(answers)]
+                        finishing.append(asyncio.ensure_future(finish(part, answers)))
+                finally:  # every answer recorded before its session is released
+                    await asyncio.gather(*finishing)
             finally:
                 for _, _, session in group:
                     for held in (session, *call.held.get(session.id, ())):

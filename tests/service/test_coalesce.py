@@ -182,3 +182,55 @@ async def rest_single_steps(url: str, ids: list[str], text: str) -> list:
             return ClientReply.from_json(resp.json())
 
         return list(await asyncio.gather(*(one(sid) for sid in ids)))
+
+
+def test_a_batchs_pieces_go_two_in_flight_in_order_with_others_between(run):
+    """A worker's share of a batch goes in pieces, each sent before the answer of the one
+    before it was read (the worker never waits on the API process), never more than two in
+    flight; the answers come back in order, and a lone call made meanwhile is answered
+    between pieces, in its own message."""
+
+    async def main():
+        svc = EnvService(
+            Settings(workers=1, envs=["tiny"], env_paths=TINY, piece_items={"tiny": 4})
+        )
+        await svc.start()
+        try:
+            worker = svc.workers[0]
+            sent: list[tuple[int, list[int]]] = []  # (in flight when sent, items per caller)
+            send = worker._send
+
+            def watched(entries):
+                sent.append((worker._in_flight, [len(e.batch) for e in entries]))
+                return send(entries)
+
+            worker._send = watched
+            ids = [
+                r.session_id
+                for r in await svc.create(
+                    [{"env": "tiny", "seed": 0, "config": {"length": 8}}] * 13
+                )
+            ]
+            lone, *batch = ids
+            sent.clear()
+            stepped = asyncio.ensure_future(
+                svc.step([step(sid, 0, *["Right"] * (1 + n % 2)) for n, sid in enumerate(batch)])
+            )
+            while len(sent) < 2:
+                await asyncio.sleep(0)
+            (single,) = await svc.step([step(lone, 0, "Right")])
+            replies = await stepped
+            assert [r.session_id for r in replies] == batch
+            assert [r.observation.ground_truth["player"] for r in replies] == [
+                [0, 1 + n % 2] for n in range(12)
+            ]
+            assert single.observation.ground_truth["player"] == [0, 1]
+            # 12 items: pieces of 4; the second sent while the first is in flight
+            assert sent[0] == (0, [4]) and sent[1] == (1, [4]), sent
+            assert max(flight for flight, _ in sent) <= 1  # two in flight at most
+            assert sorted(items for _, items in sent) == [[1], [4], [4], [4]], sent
+            assert sent[-1] != (1, [1])  # the lone call did not wait for the whole batch
+        finally:
+            await svc.stop()
+
+    run(main())
