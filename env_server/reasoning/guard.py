@@ -23,7 +23,9 @@ from collections import Counter
 from .config import GuardConfig
 
 
-def _key(text: str) -> bytes:
+def response_key(text: str) -> bytes:
+    """What the guard counts a response by: a digest of its whitespace-normalised text (a
+    worker computes it beside the step, in parallel with the others: `penalty_of_key`)."""
     normalized = " ".join(text.split())
     return hashlib.blake2b(normalized.encode(), digest_size=16).digest()
 
@@ -41,10 +43,15 @@ class ResponseGuard:
 
     def penalty(self, response_text: str, score: float) -> float:
         """Record `response_text`; the penalty to subtract from its turn (0 when none)."""
+        if not self.config.enabled:
+            return 0.0
+        return self.penalty_of_key(response_key(response_text), score)
+
+    def penalty_of_key(self, key: bytes, score: float) -> float:
+        """`penalty` of the response whose `response_key` is `key`."""
         cfg = self.config
         if not cfg.enabled:
             return 0.0
-        key = _key(response_text)
         with self._lock:
             if key not in self._counts and len(self._counts) >= cfg.window:
                 # drop the least frequent; among equals the oldest (Counter keeps insertion order)
@@ -97,7 +104,7 @@ class ResponseGuard:
     def count(self, response_text: str) -> int:
         """How often `response_text` was seen (0 if never, or dropped from the window)."""
         with self._lock:
-            return self._counts.get(_key(response_text), 0)
+            return self._counts.get(response_key(response_text), 0)
 
     def __len__(self) -> int:
         return len(self._counts)

@@ -174,6 +174,9 @@ class Stepped:
     env_reward: float
     score: TurnScore | None = None
     judge: JudgeItem | None = None  # set when the session's grader is the LLM judge
+    # the guard's key of the response (`guard.response_key`), computed by the worker in
+    # parallel with the others; None when the session has no guard or the step no response
+    response_key: bytes | None = None
 
 
 @message

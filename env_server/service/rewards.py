@@ -86,11 +86,13 @@ class Rewards:
             await asyncio.gather(*(judge(k, todo) for k, todo in by_judge.items()))
         for n, ((_, item, session), answer) in enumerate(zip(group, answers, strict=True)):
             if isinstance(answer, Stepped):
-                penalty = self.penalty(item, session, scores[n])
+                penalty = self.penalty(item, session, scores[n], answer.response_key)
                 answers[n] = assemble_reward(answer, scores[n], session.reasoning, penalty)
         return answers
 
-    def penalty(self, item: StepItem, session: Session, score: TurnScore | None) -> float:
+    def penalty(
+        self, item: StepItem, session: Session, score: TurnScore | None, key: bytes | None = None
+    ) -> float:
         """The reasoning guard's penalty (>= 0) on a step's response, judged by the mean of
         its world-model scores; 0 without a guard, a response or any score."""
         if score is None or item.response is None or not session.reasoning.guard.enabled:
@@ -98,7 +100,10 @@ class Rewards:
         graded = [s for s in (score.observation_score, score.prediction_score) if s is not None]
         if not graded:
             return 0.0  # nothing graded: nothing a policy could game
-        return self.guard_of(session).penalty(item.response, sum(graded) / len(graded))
+        guard, mean = self.guard_of(session), sum(graded) / len(graded)
+        if key is None:  # (the worker computes it: `Stepped.response_key`)
+            return guard.penalty(item.response, mean)
+        return guard.penalty_of_key(key, mean)
 
     def guard_of(self, session: Session) -> ResponseGuard:
         """The session's reasoning guard: a fork's own copy, else the one of its config

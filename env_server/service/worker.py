@@ -44,6 +44,7 @@ from env_server.reasoning import (
     system_prompt,
     turn_prompt,
 )
+from env_server.reasoning.guard import response_key
 from visenv import wire
 
 from .images import ImageCache, encode_image
@@ -319,7 +320,10 @@ class Worker:
             success=transition.success,
             info=info,
         )
-        return Stepped(reply, float(transition.reward), score, judge_item)
+        key = None
+        if response is not None and session.reasoning.guard.enabled:
+            key = response_key(response)
+        return Stepped(reply, float(transition.reward), score, judge_item, key)
 
     def _close(self, message: Close) -> None:
         session_id = message.session_id

@@ -97,3 +97,20 @@ def test_penalty_ranks_like_most_common_of_the_whole_window(top_k, window):
         assert guard.penalty(text, 0.5) == expected
         penalised += expected > 0
     assert penalised > 100  # the comparison saw both answers
+
+
+def test_a_key_computed_elsewhere_counts_as_its_text():
+    """A worker sends the response's key (`response_key`) instead of its text: the guard
+    counts and penalises it exactly as the text, whitespace-normalised."""
+    from env_server.reasoning.guard import response_key
+
+    by_text, by_key = (ResponseGuard(GuardConfig(min_count=2, top_k=1)) for _ in range(2))
+    texts = [HACK, "  " + HACK + "\n", "other", HACK, "other", "other"]
+    penalties = []
+    for n, text in enumerate(texts):
+        score = 0.1 * n
+        penalties.append(by_key.penalty_of_key(response_key(text), score))
+        assert penalties[-1] == by_text.penalty(text, score)
+    assert penalties[1] > 0  # the second HACK, with other whitespace, is already penalised
+    assert by_key.count(HACK) == by_text.count(HACK) == 3
+    assert response_key(HACK) != response_key("other")
