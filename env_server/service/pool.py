@@ -471,6 +471,10 @@ class WorkerPool:
         envs = list(dict.fromkeys(envs))  # each once (a batch's items mostly share one)
         deadline = self.deadline(envs)
         size = self.piece_items(envs)
+        if len(batch) <= size:  # one piece (most calls): nothing to send ahead
+            if batch:
+                yield 0, await self._call_piece(worker, batch, deadline)
+            return
         starts = range(0, len(batch), size)
         sent: collections.deque[asyncio.Future] = collections.deque()
 

@@ -592,7 +592,10 @@ class EnvService:
                 try:
                     async for start, answers in self.pool.pieces(worker, messages, envs):
                         part = group[start : start + len(answers)]
-                        finishing.append(asyncio.ensure_future(finish(part, answers)))
+                        if start + len(answers) == len(group):  # the last (or only) piece
+                            await finish(part, answers)
+                        else:
+                            finishing.append(asyncio.ensure_future(finish(part, answers)))
                 finally:  # every answer recorded before its session is released
                     await asyncio.gather(*finishing)
             finally:
