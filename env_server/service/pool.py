@@ -484,9 +484,8 @@ class WorkerPool:
             sent.append(asyncio.ensure_future(self._call_piece(worker, piece, deadline, ahead)))
 
         try:
+            send(starts[0])
             for n, start in enumerate(starts):
-                if n == 0:
-                    send(start)
                 if n + 1 < len(starts):
                     send(starts[n + 1])  # the next piece goes before this one's answer is read
                 got = await sent[0]
