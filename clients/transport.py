@@ -204,12 +204,15 @@ def _http_error(resp: httpx.Response) -> VisenvError:
 
 
 class GrpcTransport(Transport):
-    """The visenv.v1 gRPC service over one grpc.aio channel."""
+    """The visenv.v1 gRPC service over one grpc.aio channel; with `stream`, its small
+    calls go over one `Calls` stream (`wire.Channel`)."""
 
-    def __init__(self, address: str, token: str | None, timeout: float) -> None:
+    def __init__(
+        self, address: str, token: str | None, timeout: float, stream: bool = True
+    ) -> None:
         super().__init__(address, token, timeout)
         target = address.split("://", 1)[1] if "://" in address else address
-        self.rpc = wire.Channel(target, token, timeout)
+        self.rpc = wire.Channel(target, token, timeout, stream=stream)
 
     async def _call(self, method: str, request: Any) -> Any:
         try:
@@ -273,9 +276,12 @@ class GrpcTransport(Transport):
         await self.rpc.aclose()
 
 
-def make_transport(address: str, default: str, token: str | None, timeout: float) -> Transport:
+def make_transport(
+    address: str, default: str, token: str | None, timeout: float, grpc_stream: bool = True
+) -> Transport:
     """A transport for `address`: "grpc://host:port", "http://host:port", or bare
-    "host:port" with the `default` kind ("grpc" or "http")."""
+    "host:port" with the `default` kind ("grpc" or "http"). `grpc_stream`: see
+    `GrpcTransport`."""
     kind = default
     if "://" in address:
         scheme = address.split("://", 1)[0].lower()
@@ -287,7 +293,7 @@ def make_transport(address: str, default: str, token: str | None, timeout: float
     if kind == "http":
         return HttpTransport(address, token, timeout)
     if kind == "grpc":
-        return GrpcTransport(address, token, timeout)
+        return GrpcTransport(address, token, timeout, stream=grpc_stream)
     raise ValueError(f"unknown transport {default!r}; use 'grpc' or 'http'")
 
 

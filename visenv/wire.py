@@ -23,9 +23,11 @@ reward parts as grading finishes.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import io
+import itertools
 import json
 import operator
 from collections.abc import Iterable
@@ -125,24 +127,156 @@ CHANNEL_OPTIONS = [
 ]
 
 
+# the calls a Channel sends over its `Calls` stream (the unary method -> the request's
+# field in a CallRequest), when their request is at most STREAM_MAX_BYTES; a bigger call
+# goes as a unary call of its own: its per-call cost is spread over many items, and a
+# message over a server's size limit fails only that call (on the stream, it would end
+# the stream, and every call in flight on it)
+STREAMED = {
+    "ListEnvs": "list_envs",
+    "Create": "create",
+    "Reset": "reset",
+    "Step": "step",
+    "Get": "get",
+    "Close": "close",
+    "Fork": "fork",
+    "Status": "status",
+    "Frame": "frame",
+}
+STREAM_MAX_BYTES = 64 * 1024
+
+
 class Channel:
     """The visenv.v1 service of one server over one grpc.aio channel, every call with the
     bearer token (if any) and a deadline. `call` raises grpc's AioRpcError as it comes:
-    each caller turns it into its own errors (the SDK's typed ones, the gateway's)."""
+    each caller turns it into its own errors (the SDK's typed ones, the gateway's).
 
-    def __init__(self, target: str, token: str | None, timeout: float) -> None:
+    With `stream` (the default), small calls travel over one long-lived `Calls` stream
+    (proto: Visenv.Calls), several at a time, instead of one unary call each: the same
+    answers and errors, at a third of grpc's CPU per call on both ends. A server without
+    `Calls` (UNIMPLEMENTED) gets unary calls from then on."""
+
+    def __init__(self, target: str, token: str | None, timeout: float, stream: bool = True) -> None:
         self.timeout = timeout
         self.channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self.stub = pb_grpc.VisenvStub(self.channel)
         self.metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self.stream = stream
+        self._calls: _CallStream | None = None
 
     async def call(self, method: str, request: Any) -> Any:
+        field = STREAMED.get(method) if self.stream else None
+        if field is not None and request.ByteSize() <= STREAM_MAX_BYTES:
+            if self._calls is None or self._calls.over:
+                self._calls = _CallStream(self.stub.Calls(metadata=self.metadata))
+            try:
+                return await self._calls.send(field, request, self.timeout)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNIMPLEMENTED or rpc_error_code(exc) is not None:
+                    raise
+                self.stream = False  # a server without Calls: nothing was applied, so
+                # the call goes again, as a unary one (as every call from now on)
         return await getattr(self.stub, method)(
             request, timeout=self.timeout, metadata=self.metadata
         )
 
     async def aclose(self) -> None:
+        if self._calls is not None:
+            self._calls.reader.cancel()
         await self.channel.close()
+
+
+def _rpc_error(
+    status: grpc.StatusCode, details: str, code: str | None = None
+) -> grpc.aio.AioRpcError:
+    """The AioRpcError a unary call would have raised (with `visenv-code` metadata when
+    the visenv servicer answered `code`)."""
+    trailing = grpc.aio.Metadata((CODE_METADATA_KEY, code)) if code else grpc.aio.Metadata()
+    return grpc.aio.AioRpcError(status, grpc.aio.Metadata(), trailing, details)
+
+
+class _CallStream:
+    """One `Calls` stream of a Channel: requests are written one at a time (grpc allows
+    one write in flight), answers are matched to their callers by id. When the stream
+    ends, every call still waiting fails with its status (UNAVAILABLE if it ended
+    cleanly: the server stopped), as a unary call cut off would; `over` then tells the
+    Channel to open a new one."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+        self.pending: dict[int, asyncio.Future] = {}
+        self.ids = itertools.count(1)
+        self.writing = asyncio.Lock()
+        self.over = False
+        self.error: grpc.aio.AioRpcError | None = None
+        self.reader = asyncio.ensure_future(self._read())
+
+    async def send(self, field: str, request: Any, timeout: float | None) -> Any:
+        loop = asyncio.get_running_loop()
+        call_id = next(self.ids)
+        answer = loop.create_future()
+        self.pending[call_id] = answer
+        expiry = None
+        if timeout is not None:
+            expiry = loop.call_later(timeout, _expire, answer)
+        try:
+            try:
+                async with self.writing:
+                    await self.call.write(pb.CallRequest(id=call_id, **{field: request}))
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
+                await asyncio.shield(self.reader)  # the stream ended: its status fails us
+                if not answer.done():
+                    answer.set_exception(_broken(exc))
+            response = await answer
+        finally:
+            if expiry is not None:
+                expiry.cancel()
+            self.pending.pop(call_id, None)
+        kind = response.WhichOneof("result")
+        if kind == "error":
+            err = response.error
+            status = GRPC_STATUS.get(err.code, grpc.StatusCode.INTERNAL)
+            raise _rpc_error(status, err.message, err.code)
+        return getattr(response, kind)
+
+    async def _read(self) -> None:
+        error = None
+        try:
+            async for response in self.call:
+                answer = self.pending.get(response.id)
+                if answer is not None and not answer.done():
+                    answer.set_result(response)
+        except grpc.aio.AioRpcError as exc:
+            error = _broken(exc)
+        except asyncio.CancelledError:
+            error = _rpc_error(grpc.StatusCode.CANCELLED, "the channel was closed")
+            self.call.cancel()
+        finally:
+            self.over = True
+            self.error = error or _rpc_error(
+                grpc.StatusCode.UNAVAILABLE, "the server ended the call stream (stopping?)"
+            )
+            for answer in self.pending.values():
+                if not answer.done():
+                    answer.set_exception(self.error)
+
+
+def _broken(exc: Exception) -> grpc.aio.AioRpcError:
+    """What a call on a stream that ended with `exc` fails with: the stream's own status
+    when it is an answer (a token refused, UNIMPLEMENTED, a message too large), else
+    UNAVAILABLE, as a unary call cut off with its connection (grpc reports a send on a
+    connection that died as INTERNAL "Internal error from Core")."""
+    if isinstance(exc, grpc.aio.AioRpcError) and (
+        rpc_error_code(exc) is not None or exc.code() != grpc.StatusCode.INTERNAL
+    ):
+        return exc
+    details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+    return _rpc_error(grpc.StatusCode.UNAVAILABLE, f"the call stream broke: {details}")
+
+
+def _expire(answer: asyncio.Future) -> None:
+    if not answer.done():
+        answer.set_exception(_rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
 
 
 def rpc_error_code(exc: grpc.aio.AioRpcError) -> str | None:

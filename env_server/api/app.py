@@ -177,5 +177,6 @@ async def serve(settings: Settings, announce: Callable[[str], None] = print) -> 
         watch.cancel()
     finally:
         if grpc_server is not None:
+            grpc_server.visenv.end_streams()  # streams held open by clients end now
             await grpc_server.stop(grace=2)
         await service.stop()

@@ -20,7 +20,7 @@ import functools
 import hmac
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -145,29 +145,89 @@ async def _abort(context: grpc.aio.ServicerContext, code: str, message: str) -> 
     )
 
 
+def _call_error(servicer: VisenvServicer, exc: Exception, name: str) -> ServiceError:
+    """The structured error a whole call's failure answers: its own ServiceError, or an
+    INTERNAL one (a bug) under an error id that the logged traceback carries."""
+    if isinstance(exc, ServiceError):
+        return exc
+    error = ServiceError.internal(exc, f"gRPC {name}", log)
+    servicer.service.metrics.errors.labels("INTERNAL").inc()
+    return error
+
+
 def _structured_errors(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """A whole-call failure answers a structured error (wire code in the trailing
-    metadata), never a bare UNKNOWN status."""
+    metadata), never a bare UNKNOWN status. (`Calls` runs the undecorated method,
+    `__wrapped__`, and answers the same error inside the stream.)"""
 
     @functools.wraps(method)
     async def wrapper(self: VisenvServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             return await method(self, request, context)
-        except ServiceError as err:
-            await _abort(context, err.code, err.message)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
-        except Exception as exc:  # a bug: an error id that the logged traceback carries
-            error = ServiceError.internal(exc, f"gRPC {method.__name__}", log)
-            self.service.metrics.errors.labels("INTERNAL").inc()
-            await _abort(context, "INTERNAL", error.message)
+        except Exception as exc:
+            error = _call_error(self, exc, method.__name__)
+            await _abort(context, error.code, error.message)
 
     return wrapper
+
+
+# the calls a `Calls` stream carries: request field -> (the unary method, reply field)
+STREAMED = {
+    "list_envs": ("ListEnvs", "list_envs"),
+    "create": ("Create", "batch"),
+    "reset": ("Reset", "batch"),
+    "step": ("Step", "batch"),
+    "get": ("Get", "batch"),
+    "close": ("Close", "close"),
+    "fork": ("Fork", "fork"),
+    "status": ("Status", "status"),
+    "frame": ("Frame", "frame"),
+}
+
+
+# calls one `Calls` stream may have in flight; past it, its next request is read when one
+# is answered (grpc's flow control then holds the client back), as grpc's cap on streams
+# per connection (100) bounds unary calls
+STREAM_MAX_CALLS = 128
+
+
+class _CallStream:
+    """One `Calls` stream on the server: its calls in flight (a task each) and the answers
+    waiting to be written; None in `answers` ends the stream (no more requests, and every
+    call answered)."""
+
+    def __init__(self) -> None:
+        self.answers: asyncio.Queue[pb.CallResponse | None] = asyncio.Queue()
+        self.room = asyncio.Semaphore(STREAM_MAX_CALLS)
+        self.running: set[asyncio.Task] = set()
+        self.reader: asyncio.Task | None = None
+        self.reading = True
+        self._ended = False
+
+    def start(self, answer: Awaitable[pb.CallResponse]) -> None:
+        task = asyncio.ensure_future(answer)
+        self.running.add(task)
+        task.add_done_callback(self._answered)
+
+    def _answered(self, task: asyncio.Task) -> None:
+        self.running.discard(task)
+        self.room.release()
+        if not task.cancelled():
+            self.answers.put_nowait(task.result())
+        self.end_if_idle()
+
+    def end_if_idle(self) -> None:
+        if not self.reading and not self.running and not self._ended:
+            self._ended = True
+            self.answers.put_nowait(None)
 
 
 class VisenvServicer(pb_grpc.VisenvServicer):
     def __init__(self, service: SessionService) -> None:
         self.service = service
+        self._streams: set[_CallStream] = set()
 
     @_structured_errors
     async def ListEnvs(
@@ -235,6 +295,61 @@ class VisenvServicer(pb_grpc.VisenvServicer):
         ids = list(request.session_ids)
         return wire.frames_to_proto(await asyncio.gather(*(one(sid) for sid in ids)))
 
+    async def Calls(
+        self, requests: AsyncIterator[pb.CallRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.CallResponse]:
+        """Many calls over one stream: each request runs as a task of its own, through
+        the same method as its unary call, and is answered (with its id) when it finishes.
+        The stream ends when the client has sent its last request and every call is
+        answered, or when the server stops (`end_streams`)."""
+        stream = _CallStream()
+        self._streams.add(stream)
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    await stream.room.acquire()
+                    stream.start(self._answer(request, context))
+            finally:
+                stream.reading = False
+                stream.end_if_idle()
+
+        stream.reader = asyncio.create_task(read())
+        try:
+            while (answer := await stream.answers.get()) is not None:
+                yield answer
+        finally:
+            self._streams.discard(stream)
+            stream.reader.cancel()
+
+    async def _answer(
+        self, request: pb.CallRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CallResponse:
+        """One call of a stream: its reply, or its whole-call error, under its id."""
+        kind = request.WhichOneof("call")
+        try:
+            if kind is None:
+                raise ServiceError(
+                    "INVALID_ARGUMENT",
+                    f"CallRequest {request.id} carries no call: set one of {', '.join(STREAMED)}",
+                    "call",
+                )
+            method, field = STREAMED[kind]
+            unary = getattr(type(self), method).__wrapped__
+            reply = await unary(self, getattr(request, kind), context)
+            return pb.CallResponse(id=request.id, **{field: reply})
+        except Exception as exc:  # answered in the stream, which goes on
+            error = _call_error(self, exc, STREAMED.get(kind or "", ("Calls",))[0])
+            return pb.CallResponse(id=request.id, error=wire.Error.of(error).to_proto())
+
+    def end_streams(self) -> None:
+        """The server is stopping: every `Calls` stream stops taking requests and ends
+        once the calls it has in flight are answered (an idle one at once), so that
+        clients holding streams open don't hold up the stop for its whole grace."""
+        for stream in list(self._streams):
+            if stream.reader is not None:
+                stream.reader.cancel()
+
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
     """Refuses every call without `authorization: Bearer <token>`, except health."""
@@ -295,7 +410,8 @@ def build_grpc_server(
             ("grpc.so_reuseport", 0),
         ],
     )
-    pb_grpc.add_VisenvServicer_to_server(VisenvServicer(service), server)
+    server.visenv = VisenvServicer(service)  # type: ignore[attr-defined]
+    pb_grpc.add_VisenvServicer_to_server(server.visenv, server)  # type: ignore[attr-defined]
     # overall health ("") answers SERVING while the server runs; `visenv.env.<name>` says
     # whether an environment is ready (warmed up), kept in step by app.serve
     server.health = health.aio.HealthServicer()  # type: ignore[attr-defined]

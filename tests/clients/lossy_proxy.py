@@ -6,8 +6,24 @@ import asyncio
 import threading
 
 # HTTP/2 control frames (PING 17 bytes, WINDOW_UPDATE 13, SETTINGS ack 9) that gRPC
-# sends on its own must not arm the proxy: only a request (headers + body) does
+# sends on its own must not arm the proxy: only a request (headers + body) does, or a
+# message on a stream already open (a call on the SDK's Calls stream: one DATA frame,
+# which can be shorter than that)
 CONTROL_FRAME_BYTES = 64
+
+
+def carries_request(data: bytes) -> bool:
+    """Whether bytes the client sent hold a request: more than control frames, or an
+    HTTP/2 DATA frame (type 0) with a payload."""
+    if len(data) > CONTROL_FRAME_BYTES:
+        return True
+    pos = 0
+    while pos + 9 <= len(data):
+        length, kind = int.from_bytes(data[pos : pos + 3], "big"), data[pos + 3]
+        if kind == 0 and length > 0:
+            return True
+        pos += 9 + length
+    return False
 
 
 class LossyProxy:
@@ -58,7 +74,7 @@ class LossyProxy:
                 while data := await reader.read(65536):
                     if lossy and self.stall:
                         continue
-                    if not lossy and self._lose.is_set() and len(data) > CONTROL_FRAME_BYTES:
+                    if not lossy and self._lose.is_set() and carries_request(data):
                         self._armed = True  # a request went out after lose_next_reply()
                     if lossy and self._armed:
                         self._lose.clear()

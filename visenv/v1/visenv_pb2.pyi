@@ -330,3 +330,47 @@ class StatusResponse(_message.Message):
     STATUS_JSON_FIELD_NUMBER: _ClassVar[int]
     status_json: str
     def __init__(self, status_json: _Optional[str] = ...) -> None: ...
+
+class CallRequest(_message.Message):
+    __slots__ = ("id", "list_envs", "create", "reset", "step", "get", "close", "fork", "status", "frame")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LIST_ENVS_FIELD_NUMBER: _ClassVar[int]
+    CREATE_FIELD_NUMBER: _ClassVar[int]
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    GET_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    FORK_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    FRAME_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    list_envs: ListEnvsRequest
+    create: CreateRequest
+    reset: ResetRequest
+    step: StepRequest
+    get: GetRequest
+    close: CloseRequest
+    fork: ForkRequest
+    status: StatusRequest
+    frame: FrameRequest
+    def __init__(self, id: _Optional[int] = ..., list_envs: _Optional[_Union[ListEnvsRequest, _Mapping]] = ..., create: _Optional[_Union[CreateRequest, _Mapping]] = ..., reset: _Optional[_Union[ResetRequest, _Mapping]] = ..., step: _Optional[_Union[StepRequest, _Mapping]] = ..., get: _Optional[_Union[GetRequest, _Mapping]] = ..., close: _Optional[_Union[CloseRequest, _Mapping]] = ..., fork: _Optional[_Union[ForkRequest, _Mapping]] = ..., status: _Optional[_Union[StatusRequest, _Mapping]] = ..., frame: _Optional[_Union[FrameRequest, _Mapping]] = ...) -> None: ...
+
+class CallResponse(_message.Message):
+    __slots__ = ("id", "list_envs", "batch", "close", "fork", "status", "frame", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LIST_ENVS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    FORK_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    FRAME_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    list_envs: ListEnvsResponse
+    batch: BatchResponse
+    close: CloseResponse
+    fork: ForkResponse
+    status: StatusResponse
+    frame: FrameResponse
+    error: Error
+    def __init__(self, id: _Optional[int] = ..., list_envs: _Optional[_Union[ListEnvsResponse, _Mapping]] = ..., batch: _Optional[_Union[BatchResponse, _Mapping]] = ..., close: _Optional[_Union[CloseResponse, _Mapping]] = ..., fork: _Optional[_Union[ForkResponse, _Mapping]] = ..., status: _Optional[_Union[StatusResponse, _Mapping]] = ..., frame: _Optional[_Union[FrameResponse, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...

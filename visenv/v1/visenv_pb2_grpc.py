@@ -79,6 +79,11 @@ class VisenvStub:
                 request_serializer=visenv_dot_v1_dot_visenv__pb2.FrameRequest.SerializeToString,
                 response_deserializer=visenv_dot_v1_dot_visenv__pb2.FrameResponse.FromString,
                 _registered_method=True)
+        self.Calls = channel.stream_stream(
+                '/visenv.v1.Visenv/Calls',
+                request_serializer=visenv_dot_v1_dot_visenv__pb2.CallRequest.SerializeToString,
+                response_deserializer=visenv_dot_v1_dot_visenv__pb2.CallResponse.FromString,
+                _registered_method=True)
 
 
 class VisenvServicer:
@@ -151,6 +156,19 @@ class VisenvServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Calls(self, request_iterator, context):
+        """Any of the calls above, many over one stream: each request carries a client-chosen
+        `id` and one call; each answer carries that id and the call's reply, or the Error its
+        unary call would have ended with (the stream goes on). Calls on one stream run
+        concurrently and are answered as they finish, in any order. Same limits, token and
+        answers as the unary calls; what changes is grpc's cost: an agent loop stepping one
+        session pays a stream message per step (~0.12 ms of server CPU here) instead of a
+        whole call (~0.35 ms). The Python SDK sends its small calls this way by itself.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VisenvServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -198,6 +216,11 @@ def add_VisenvServicer_to_server(servicer, server):
                     servicer.Frame,
                     request_deserializer=visenv_dot_v1_dot_visenv__pb2.FrameRequest.FromString,
                     response_serializer=visenv_dot_v1_dot_visenv__pb2.FrameResponse.SerializeToString,
+            ),
+            'Calls': grpc.stream_stream_rpc_method_handler(
+                    servicer.Calls,
+                    request_deserializer=visenv_dot_v1_dot_visenv__pb2.CallRequest.FromString,
+                    response_serializer=visenv_dot_v1_dot_visenv__pb2.CallResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -443,6 +466,33 @@ class Visenv:
             '/visenv.v1.Visenv/Frame',
             visenv_dot_v1_dot_visenv__pb2.FrameRequest.SerializeToString,
             visenv_dot_v1_dot_visenv__pb2.FrameResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Calls(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/visenv.v1.Visenv/Calls',
+            visenv_dot_v1_dot_visenv__pb2.CallRequest.SerializeToString,
+            visenv_dot_v1_dot_visenv__pb2.CallResponse.FromString,
             options,
             channel_credentials,
             insecure,
