@@ -7,7 +7,9 @@ session and sends single-session steps as fast as its replies come back, unsynch
 Beside them, in the same run against the same server: the batch-64 figures (gRPC and
 REST, bench_transport's `measure`) and the in-process ceiling.
 
-Per-session variants: gRPC (a step of one session per call), REST (the single-session
+Per-session variants: gRPC (a step of one session per call: the SDK sends it on its `Calls`
+stream, many calls on one stream), gRPC unary (the same with `grpc_stream=False`: a unary
+call per step, as before the stream, or through a proxy without streams), REST (the single-session
 endpoint POST /v1/sessions/{id}/step), and the OpenEnv WebSocket (/compat/openenv/sokoban/ws)
 when the server has it. Each client has its own connection (its own AsyncEnvClient), as
 separate agent loops would. Reported: env-steps/s (median of trials, min-max), p50/p99 of
@@ -117,9 +119,11 @@ async def per_session(
     async def grpc_or_rest(i: int, ready: asyncio.Event) -> None:
         rng = random.Random(i)
         seed = i
-        transport = "grpc" if kind == "grpc" else "http"
-        async with AsyncEnvClient(address, transport=transport, timeout=300) as client:
-            single = SingleSessionRest(client) if kind != "grpc" else None
+        transport = "grpc" if kind.startswith("grpc") else "http"
+        async with AsyncEnvClient(
+            address, transport=transport, timeout=300, grpc_stream=kind != "grpc-unary"
+        ) as client:
+            single = SingleSessionRest(client) if kind == "rest" else None
             (reply,) = await client.create([options(seed)])
             sid = reply.session_id
             ready.set()
@@ -178,7 +182,7 @@ async def per_session(
     r1, m1 = coalescing(http)
     stop.set()
     await asyncio.gather(*tasks)
-    label = {"grpc": "gRPC", "rest": "REST", "ws": "OpenEnv WS"}[kind]
+    label = {"grpc": "gRPC", "grpc-unary": "gRPC unary", "rest": "REST", "ws": "OpenEnv WS"}[kind]
     result = Result(
         f"{label} per-session",
         n,
@@ -226,8 +230,8 @@ async def run(args: argparse.Namespace) -> None:
             address = grpc_address if kind.startswith("grpc") else http
             show(await bench_remote(kind, 64, "png", address, args, server))
         for n in args.clients:
-            for kind in ("grpc", "rest", *(("ws",) if ws else ())):
-                address = grpc_address if kind == "grpc" else http
+            for kind in ("grpc", "grpc-unary", "rest", *(("ws",) if ws else ())):
+                address = grpc_address if kind.startswith("grpc") else http
                 show(await per_session(kind, n, address, args, server, http))
     finally:
         served.stop()
@@ -254,11 +258,14 @@ async def run(args: argparse.Namespace) -> None:
     batch = by[("gRPC batch (png)", 64)]
     inproc = by[("in-process (png)", 64)]
     g64 = by.get(("gRPC per-session", 64))
+    unary = by.get(("gRPC unary per-session", 64))
     line = f"gRPC batch-64 {batch:,.0f}/s = {batch / inproc:.2f}x in-process (target >= 0.8x)"
     if g64:
         line += (
             f"; gRPC per-session x64 {g64:,.0f}/s = {g64 / batch:.2f}x batch-64 (target >= 0.6x)"
         )
+    if unary:
+        line += f"; unary calls {unary:,.0f}/s = {unary / batch:.2f}x"
     console.print(line)
     if not ws:
         console.print("OpenEnv WebSocket: /compat/openenv/sokoban/ws not served here (skipped)")
