@@ -21,12 +21,16 @@ import asyncio
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import grpc
-import psutil
 
-from visenv.v1 import visenv_pb2 as pb
-from visenv.v1 import visenv_pb2_grpc as pb_grpc
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_transport import ServerCPU, client_cpu  # noqa: E402
+
+from visenv.v1 import visenv_pb2 as pb  # noqa: E402
+from visenv.v1 import visenv_pb2_grpc as pb_grpc  # noqa: E402
 
 STREAM = "/bench.Floor/Calls"
 
@@ -58,7 +62,7 @@ async def serve() -> None:
     await server.wait_for_termination()
 
 
-async def measure(kind: str, address: str, server: psutil.Process, args) -> str:
+async def measure(kind: str, address: str, server: ServerCPU, args) -> str:
     request = pb.StepRequest(
         items=[pb.StepItem(session_id="s-0", step_index=1, response="<answer>Left</answer>")]
     )
@@ -85,12 +89,12 @@ async def measure(kind: str, address: str, server: psutil.Process, args) -> str:
 
     tasks = [asyncio.create_task(client()) for _ in range(args.clients)]
     await asyncio.sleep(args.warmup_s)
-    n0, s0, c0, t0 = count[0], sum(server.cpu_times()[:2]), time.process_time(), time.perf_counter()
+    n0, s0, c0, t0 = count[0], server.seconds(), client_cpu(), time.perf_counter()
     await asyncio.sleep(args.seconds)
     n = count[0] - n0
     rate = n / (time.perf_counter() - t0)
-    server_us = (sum(server.cpu_times()[:2]) - s0) / n * 1e6
-    client_us = (time.process_time() - c0) / n * 1e6
+    server_us = (server.seconds() - s0) / n * 1e6
+    client_us = (client_cpu() - c0) / n * 1e6
     stop.set()
     await asyncio.gather(*tasks)
     label = "unary call" if kind == "unary" else "stream message"
@@ -103,7 +107,7 @@ async def run(args) -> None:
     )
     try:
         address = f"127.0.0.1:{int(proc.stdout.readline())}"
-        server = psutil.Process(proc.pid)
+        server = ServerCPU(proc.pid)
         for _ in range(args.rounds):
             for kind in ("unary", "stream"):
                 print(await measure(kind, address, server, args), flush=True)

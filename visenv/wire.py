@@ -127,22 +127,29 @@ CHANNEL_OPTIONS = [
 ]
 
 
-# the calls a Channel sends over its `Calls` stream (the unary method -> the request's
-# field in a CallRequest), when their request is at most STREAM_MAX_BYTES; a bigger call
-# goes as a unary call of its own: its per-call cost is spread over many items, and a
-# message over a server's size limit fails only that call (on the stream, it would end
-# the stream, and every call in flight on it)
-STREAMED = {
-    "ListEnvs": "list_envs",
-    "Create": "create",
-    "Reset": "reset",
-    "Step": "step",
-    "Get": "get",
-    "Close": "close",
-    "Fork": "fork",
-    "Status": "status",
-    "Frame": "frame",
-}
+def _streamed() -> dict[str, tuple[str, str]]:
+    """Each unary method a `Calls` stream carries -> (its field in CallRequest's `call`,
+    its reply's field in CallResponse's `result`), read from the proto: a call is the
+    field whose message is the method's request, its reply the one whose message is the
+    method's response."""
+    service = pb.DESCRIPTOR.services_by_name["Visenv"]
+    calls = pb.CallRequest.DESCRIPTOR.oneofs_by_name["call"].fields
+    replies = pb.CallResponse.DESCRIPTOR.oneofs_by_name["result"].fields
+    return {
+        m.name: (
+            next(f.name for f in calls if f.message_type is m.input_type),
+            next(f.name for f in replies if f.message_type is m.output_type),
+        )
+        for m in service.methods
+        if any(f.message_type is m.input_type for f in calls)
+    }
+
+
+# the calls a Channel sends over its `Calls` stream, when their request is at most
+# STREAM_MAX_BYTES; a bigger call goes as a unary call of its own: its per-call cost is
+# spread over many items, and a message over a server's size limit fails only that call
+# (on the stream, it would end the stream, and every call in flight on it)
+STREAMED = _streamed()
 STREAM_MAX_BYTES = 64 * 1024
 
 
@@ -165,7 +172,7 @@ class Channel:
         self._calls: _CallStream | None = None
 
     async def call(self, method: str, request: Any) -> Any:
-        field = STREAMED.get(method) if self.stream else None
+        field = STREAMED[method][0] if self.stream and method in STREAMED else None
         if field is not None and request.ByteSize() <= STREAM_MAX_BYTES:
             if self._calls is None or self._calls.over:
                 self._calls = _CallStream(self.stub.Calls(metadata=self.metadata))

@@ -174,17 +174,7 @@ def _structured_errors(method: Callable[..., Awaitable[Any]]) -> Callable[..., A
 
 
 # the calls a `Calls` stream carries: request field -> (the unary method, reply field)
-STREAMED = {
-    "list_envs": ("ListEnvs", "list_envs"),
-    "create": ("Create", "batch"),
-    "reset": ("Reset", "batch"),
-    "step": ("Step", "batch"),
-    "get": ("Get", "batch"),
-    "close": ("Close", "close"),
-    "fork": ("Fork", "fork"),
-    "status": ("Status", "status"),
-    "frame": ("Frame", "frame"),
-}
+STREAMED = {field: (method, reply) for method, (field, reply) in wire.STREAMED.items()}
 
 
 # calls one `Calls` stream may have in flight; past it, its next request is read when one

@@ -9,7 +9,9 @@ older visenv, or another implementation) and one that never answers (a deadline)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -155,42 +157,39 @@ class _Health:
         return {"status": "ok"}
 
 
-async def _serve(servicer) -> tuple[grpc.aio.Server, str]:
+@contextlib.asynccontextmanager
+async def _peer(servicer, timeout: float) -> AsyncIterator[wire.Channel]:
+    """`servicer` served in-process on a free 127.0.0.1 port; a Channel to it."""
     server = grpc.aio.server()
     pb_grpc.add_VisenvServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    return server, f"127.0.0.1:{port}"
+    channel = wire.Channel(f"127.0.0.1:{port}", None, timeout)
+    try:
+        yield channel
+    finally:
+        await channel.aclose()
+        await server.stop(None)
 
 
 def test_channel_falls_back_to_unary_calls_on_a_server_without_calls():
     async def main() -> None:
-        server, address = await _serve(_NoCalls())
-        channel = wire.Channel(address, None, 10)
-        try:
+        async with _peer(_NoCalls(), 10) as channel:
             for _ in range(2):
                 reply = await channel.call("Status", pb.StatusRequest())
                 assert json.loads(reply.status_json)["peer"] == "old"
             assert channel.stream is False
-        finally:
-            await channel.aclose()
-            await server.stop(None)
 
     asyncio.run(main())
 
 
 def test_a_stream_call_keeps_its_deadline():
     async def main() -> None:
-        server, address = await _serve(_Silent())
-        channel = wire.Channel(address, None, 0.5)
-        try:
+        async with _peer(_Silent(), 0.5) as channel:
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await channel.call("Status", pb.StatusRequest())
             assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             assert channel._calls is not None and not channel._calls.pending
-        finally:
-            await channel.aclose()
-            await server.stop(None)
 
     asyncio.run(main())
 
@@ -198,9 +197,7 @@ def test_a_stream_call_keeps_its_deadline():
 def test_a_stopping_server_ends_its_streams_and_the_channel_opens_a_new_one():
     async def main() -> None:
         servicer = VisenvServicer(_Health())  # type: ignore[arg-type]
-        server, address = await _serve(servicer)
-        channel = wire.Channel(address, None, 10)
-        try:
+        async with _peer(servicer, 10) as channel:
             await channel.call("Status", pb.StatusRequest())
             first = channel._calls
             assert first is not None and len(servicer._streams) == 1
@@ -210,9 +207,6 @@ def test_a_stopping_server_ends_its_streams_and_the_channel_opens_a_new_one():
             reply = await channel.call("Status", pb.StatusRequest())
             assert json.loads(reply.status_json) == {"status": "ok"}
             assert channel._calls is not first and not channel._calls.over
-        finally:
-            await channel.aclose()
-            await server.stop(None)
 
     asyncio.run(main())
 
@@ -236,9 +230,7 @@ def test_a_stream_holds_at_most_its_cap_of_calls_in_flight_and_answers_them_all(
     async def main() -> None:
         service = _Gated()
         servicer = VisenvServicer(service)  # type: ignore[arg-type]
-        server, address = await _serve(servicer)
-        channel = wire.Channel(address, None, 30)
-        try:
+        async with _peer(servicer, 30) as channel:
             n = STREAM_MAX_CALLS + 40
             calls = [
                 asyncio.ensure_future(channel.call("Status", pb.StatusRequest())) for _ in range(n)
@@ -253,8 +245,5 @@ def test_a_stream_holds_at_most_its_cap_of_calls_in_flight_and_answers_them_all(
             service.gate.set()
             replies = await asyncio.gather(*calls)
             assert len(replies) == n and service.waiting == n
-        finally:
-            await channel.aclose()
-            await server.stop(None)
 
     asyncio.run(main())
