@@ -176,13 +176,17 @@ class Channel:
         if field is not None and request.ByteSize() <= STREAM_MAX_BYTES:
             if self._calls is None or self._calls.over:
                 self._calls = _CallStream(self.stub.Calls(metadata=self.metadata))
+            # a call the stream could not carry goes as a unary call below: one that never
+            # went out (the stream ended first), or one refused by a server without Calls
+            # (nothing applied; every call from then on is unary)
             try:
                 return await self._calls.send(field, request, self.timeout)
+            except _NotSent as exc:
+                self.stream = not _unimplemented(exc.error)
             except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNIMPLEMENTED or rpc_error_code(exc) is not None:
+                if not _unimplemented(exc):
                     raise
-                self.stream = False  # a server without Calls: nothing was applied, so
-                # the call goes again, as a unary one (as every call from now on)
+                self.stream = False
         return await getattr(self.stub, method)(
             request, timeout=self.timeout, metadata=self.metadata
         )
@@ -230,10 +234,14 @@ class _CallStream:
             try:
                 async with self.writing:
                     await self.call.write(pb.CallRequest(id=call_id, **{field: request}))
-            except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
-                await asyncio.shield(self.reader)  # the stream ended: its status fails us
-                if not answer.done():
-                    answer.set_exception(_broken(exc))
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
+                # the stream ended before this request went out. Its status can't answer
+                # the call: when the write races the end, grpc puts its own INTERNAL
+                # "Internal error from Core" in place of the status the server sent
+                await asyncio.shield(self.reader)
+                if not answer.cancel():
+                    answer.exception()  # the stream's end, set by the reader: seen, not ours
+                raise _NotSent(self.error) from None
             response = await answer
         finally:
             if expiry is not None:
@@ -268,17 +276,31 @@ class _CallStream:
                     answer.set_exception(self.error)
 
 
-def _broken(exc: Exception) -> grpc.aio.AioRpcError:
-    """What a call on a stream that ended with `exc` fails with: the stream's own status
-    when it is an answer (a token refused, UNIMPLEMENTED, a message too large), else
-    UNAVAILABLE, as a unary call cut off with its connection (grpc reports a send on a
-    connection that died as INTERNAL "Internal error from Core")."""
-    if isinstance(exc, grpc.aio.AioRpcError) and (
-        rpc_error_code(exc) is not None or exc.code() != grpc.StatusCode.INTERNAL
-    ):
+class _NotSent(Exception):
+    """A call on a `Calls` stream that ended before the call's request went out; `error`
+    is the stream's end."""
+
+    def __init__(self, error: grpc.aio.AioRpcError | None) -> None:
+        self.error = error
+
+
+def _unimplemented(exc: grpc.aio.AioRpcError | None) -> bool:
+    """Whether `exc` says the server has no such method (not a visenv servicer's answer)."""
+    return (
+        exc is not None
+        and exc.code() == grpc.StatusCode.UNIMPLEMENTED
+        and rpc_error_code(exc) is None
+    )
+
+
+def _broken(exc: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+    """What a call sent on a stream that ended with `exc` fails with: the stream's own
+    status when it is an answer (a token refused, UNIMPLEMENTED, a message too large),
+    else UNAVAILABLE, as a unary call cut off with its connection (grpc reports a send on
+    a connection that died as INTERNAL "Internal error from Core")."""
+    if rpc_error_code(exc) is not None or exc.code() != grpc.StatusCode.INTERNAL:
         return exc
-    details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-    return _rpc_error(grpc.StatusCode.UNAVAILABLE, f"the call stream broke: {details}")
+    return _rpc_error(grpc.StatusCode.UNAVAILABLE, f"the call stream broke: {exc.details()}")
 
 
 def _expire(answer: asyncio.Future) -> None:

@@ -247,3 +247,37 @@ def test_a_stream_holds_at_most_its_cap_of_calls_in_flight_and_answers_them_all(
             assert len(replies) == n and service.waiting == n
 
     asyncio.run(main())
+
+
+class _Refusing(pb_grpc.VisenvServicer):
+    """A peer that refuses every call at once, as the token check does."""
+
+    async def Calls(self, requests, context):
+        await context.abort(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "no",
+            trailing_metadata=((wire.CODE_METADATA_KEY, "UNAUTHENTICATED"),),
+        )
+        yield pb.CallResponse()  # never reached
+
+    async def Status(self, request, context):
+        await context.abort(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "no",
+            trailing_metadata=((wire.CODE_METADATA_KEY, "UNAUTHENTICATED"),),
+        )
+
+
+def test_a_refused_stream_answers_its_status_to_every_call_never_a_broken_stream():
+    # grpc reports a write racing the server's refusal as INTERNAL "Internal error from
+    # Core" and puts that in place of the call's real status: a call whose request never
+    # went out must still get the real answer
+    async def main() -> None:
+        async with _peer(_Refusing(), 10) as channel:
+            for _ in range(30):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await channel.call("Status", pb.StatusRequest())
+                assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                assert wire.rpc_error_code(info.value) == "UNAUTHENTICATED"
+
+    asyncio.run(main())

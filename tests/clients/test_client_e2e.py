@@ -192,6 +192,18 @@ def test_token_is_enforced(token_server, transport):
     assert httpx.get(f"http://{token_server.http}/health").status_code == 200  # health stays open
 
 
+def test_a_wrong_token_is_refused_on_every_call_of_fresh_clients(token_server):
+    # the SDK's first call opens its Calls stream, which the server refuses; a call whose
+    # write races that refusal must get UNAUTHENTICATED too, never a "broken stream"
+    # UNAVAILABLE (1 call in 60 did, before such a call was sent again as a unary call)
+    for _ in range(40):
+        with EnvClient(token_server.grpc, token="wrong-token") as client:
+            with pytest.raises(Unauthenticated):
+                client.list_envs()
+            with pytest.raises(Unauthenticated):
+                client.create(SessionOptions("sokoban"))
+
+
 def test_grpc_health_is_open_and_reflection_needs_the_token(token_server):
     with grpc.insecure_channel(token_server.grpc) as channel:
         health = health_pb2_grpc.HealthStub(channel)
