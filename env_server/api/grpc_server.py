@@ -120,10 +120,9 @@ async def _per_item(
             items.append(parse(item))
         except ServiceError as err:
             items.append(err)
-    # shielded: when the client goes away mid-call, grpc cancels this handler, but the
-    # service must still record what its workers applied, so that a retry of the
-    # same step_index is answered from memory instead of being applied again
-    return await asyncio.shield(call(items))
+    # (when the client goes away mid-call, grpc cancels this handler: the service still
+    # records what its workers applied, its own calls being shielded where it matters)
+    return await call(items)
 
 
 async def _batch_reply(results: list[Any]) -> pb.BatchResponse:
@@ -257,7 +256,7 @@ class VisenvServicer(pb_grpc.VisenvServicer):
     async def Close(
         self, request: pb.CloseRequest, context: grpc.aio.ServicerContext
     ) -> pb.CloseResponse:
-        errors = await asyncio.shield(self.service.close(list(request.session_ids)))
+        errors = await self.service.close(list(request.session_ids))
         return wire.close_to_proto(errors)
 
     @_structured_errors

@@ -73,6 +73,14 @@ class WorkerLost(Exception):
     """The worker process died (before or while answering)."""
 
 
+class WorkerStuck(WorkerLost):
+    """The worker was killed for spending longer than `deadline` s on one message."""
+
+    def __init__(self, message: str, deadline: float) -> None:
+        super().__init__(message)
+        self.deadline = deadline
+
+
 @dataclass
 class _Queued:
     """A request waiting to be sent to a worker (coalesced with others into one message)."""
@@ -121,6 +129,9 @@ class WorkerHandle:
         # the oldest (its last answer, or the send if it was idle): see `stuck`
         self._deadlines: collections.deque[float] = collections.deque()
         self._progress_at = 0.0
+        # one timer per worker, armed while it has messages in flight (`_watch`)
+        self._watchdog: asyncio.TimerHandle | None = None
+        self.stuck_after: float | None = None  # killed as stuck: the deadline it overran
         self.messages_sent = 0  # pipe messages, and the requests they carried
         self.requests_sent = 0
         self.ctx = ctx
@@ -136,6 +147,7 @@ class WorkerHandle:
         self._stopping = False
         self.killed = False
         self.on_death: Any = None  # callable(WorkerHandle), set by the pool
+        self.on_stuck: Any = None  # callable(WorkerHandle, deadline), set by the pool
 
     async def start(self, timeout: float = 60.0) -> None:
         parent, child = self.ctx.Pipe(duplex=True)
@@ -185,9 +197,12 @@ class WorkerHandle:
         if not self.alive:
             return
         self.alive = False
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         for future in self._pending.values():
             if not future.done():
-                future.set_exception(WorkerLost(f"worker {self.index} (pid {self.pid}) died"))
+                future.set_exception(self._lost())
         self._pending.clear()
         if self._writer is not None:
             self._writer.close()
@@ -241,6 +256,36 @@ class WorkerHandle:
             loop.call_soon(self._flush_now)
         return await future
 
+    def _lost(self) -> WorkerLost:
+        """What the calls in flight, or queued, fail with when the worker is gone."""
+        if self.stuck_after is not None:
+            return WorkerStuck(
+                f"worker {self.index} (pid {self.pid}) was killed as stuck", self.stuck_after
+            )
+        return WorkerLost(f"worker {self.index} (pid {self.pid}) died")
+
+    def _watch(self) -> None:
+        """Arm the stuck check (`stuck`) while messages are in flight: one timer per
+        worker, re-armed by each check, at a tenth of the oldest message's deadline (at
+        most 1 s), so that a stuck worker is found at most that long after its deadline."""
+        if self._watchdog is None and self._deadlines and self.alive:
+            self._watchdog = asyncio.get_running_loop().call_later(
+                min(1.0, self._deadlines[0] / 10), self._check_stuck
+            )
+
+    def _check_stuck(self) -> None:
+        self._watchdog = None
+        if not self.alive:
+            return
+        if self._deadlines and self.stuck(asyncio.get_running_loop().time()):
+            deadline = self._deadlines[0]
+            if self.kill():  # its calls in flight fail with WorkerStuck (`_died`)
+                self.stuck_after = deadline
+                if self.on_stuck is not None:
+                    self.on_stuck(self, deadline)
+            return
+        self._watch()
+
     def stuck(self, now: float) -> bool:
         """Whether the worker has spent longer than its deadline on one message: the clock
         runs from its last answer (or from the send, if it was idle), so a worker answering
@@ -277,7 +322,7 @@ class WorkerHandle:
         has nothing in flight, or the queue is full, or `force` (the window is over), or a
         piece sent ahead is first (`request`); such a piece always travels alone."""
         if not self.alive or self._writer is None:
-            lost = WorkerLost(f"worker {self.index} (pid {self.pid}) is not running")
+            lost = self._lost()
             while self._queue:
                 entry = self._queue.popleft()
                 if not entry.future.done():
@@ -323,6 +368,7 @@ class WorkerHandle:
         if not self._deadlines:
             self._progress_at = asyncio.get_running_loop().time()
         self._deadlines.append(max(e.deadline for e in entries))
+        self._watch()
         try:
             if len(entries) == 1:
                 batch = entries[0].batch
@@ -414,6 +460,7 @@ class WorkerPool:
         self._ctx = multiprocessing.get_context(settings.start_method)
         self._restarts: set[asyncio.Task] = set()
         self._stopping = False
+        self._limits: dict[frozenset[str], tuple[float, int]] = {}  # see `pieces`
 
     async def start(self) -> None:
         if self.settings.start_method == "forkserver":
@@ -439,6 +486,7 @@ class WorkerPool:
             preload=settings.envs or [],
         )
         handle.on_death = self._on_death
+        handle.on_stuck = self._on_stuck
         return handle
 
     def pick(self) -> WorkerHandle | None:
@@ -468,9 +516,11 @@ class WorkerPool:
         dies, or spends longer than the deadline of the environments involved on one
         message (then it is killed and replaced), the items not yet answered answer
         SESSION_LOST."""
-        envs = list(dict.fromkeys(envs))  # each once (a batch's items mostly share one)
-        deadline = self.deadline(envs)
-        size = self.piece_items(envs)
+        key = frozenset(envs)
+        limits = self._limits.get(key)
+        if limits is None:  # the settings are fixed: once per set of envs (a few)
+            limits = self._limits[key] = (self.deadline(key), self.piece_items(key))
+        deadline, size = limits
         if len(batch) <= size:  # one piece (most calls): nothing to send ahead
             if batch:
                 yield 0, await self._call_piece(worker, batch, deadline)
@@ -502,32 +552,24 @@ class WorkerPool:
 
     async def _call_piece(
         self, worker: WorkerHandle, batch: list[Message], deadline: float, ahead: bool = False
-    ):
-        loop = asyncio.get_running_loop()
-        request = asyncio.ensure_future(worker.request(batch, deadline, ahead))
+    ) -> list:
+        """One piece's answers; if the worker is killed as stuck (its watchdog,
+        `WorkerHandle._watch`) or dies, SESSION_LOST for each item. A caller that gives up
+        cancels the request: a piece still queued is then not sent."""
         try:
-            while True:
-                done, _ = await asyncio.wait({request}, timeout=min(1.0, deadline / 10))
-                if done:
-                    answers = request.result()
-                    break
-                if worker.stuck(loop.time()):
-                    op = type(batch[0]).__name__.lower()
-                    self._kill_stuck(worker, op, deadline)
-                    lost = ServiceError(
-                        "SESSION_LOST",
-                        f"the session's worker process did not answer {op} within "
-                        f"{deadline:g} s (no answer to any message for that long: a stuck "
-                        "environment?); it was killed and is being replaced: create a new "
-                        "session",
-                    )
-                    return [lost] * len(batch)
+            answers = await worker.request(batch, deadline, ahead)
+        except WorkerStuck as exc:
+            op = type(batch[0]).__name__.lower()
+            lost = ServiceError(
+                "SESSION_LOST",
+                f"the session's worker process did not answer {op} within "
+                f"{exc.deadline:g} s (no answer to any message for that long: a stuck "
+                "environment?); it was killed and is being replaced: create a new session",
+            )
+            return [lost] * len(batch)
         except WorkerLost as exc:
             lost = ServiceError("SESSION_LOST", f"the session's worker process died: {exc}")
             return [lost] * len(batch)
-        finally:
-            if not request.done():  # our caller gave up: the queued piece is not sent
-                request.cancel()
         if isinstance(answers, ServiceError):  # the worker could not read the message
             return [answers] * len(batch)
         return answers
@@ -545,12 +587,11 @@ class WorkerPool:
             (own.get(e, self.settings.deadline) for e in envs), default=self.settings.deadline
         )
 
-    def _kill_stuck(self, worker: WorkerHandle, op: str, deadline: float) -> None:
-        if not worker.kill():
-            return
+    def _on_stuck(self, worker: WorkerHandle, deadline: float) -> None:
+        """A worker's watchdog killed it (`WorkerHandle._check_stuck`)."""
         log.error(
-            "worker %d (pid %s) did not answer %s within %g s: killing it; its %d sessions are lost",
-            worker.index, worker.pid, op, deadline, len(worker.sessions),
+            "worker %d (pid %s) did not answer a message within %g s: killed it; its %d "
+            "sessions are lost", worker.index, worker.pid, deadline, len(worker.sessions),
         )  # fmt: skip
         self.metrics.worker_timeouts.inc()
 

@@ -597,15 +597,21 @@ class EnvService:
                         else:
                             finishing.append(asyncio.ensure_future(finish(part, answers)))
                 finally:  # every answer recorded before its session is released
-                    await asyncio.gather(*finishing)
+                    if finishing:
+                        await asyncio.gather(*finishing)
             finally:
                 for _, _, session in group:
                     for held in (session, *call.held.get(session.id, ())):
                         self.sessions.release(held)
 
         # shielded: a caller that gives up (client gone) must not leave a call applied in
-        # the worker but unrecorded here (a step_index would drift, a session be unknown)
-        await asyncio.shield(asyncio.gather(*(run(w, g) for w, g in planned.items())))
+        # the worker but unrecorded here (a step_index would drift, a session be unknown);
+        # the adapters rely on this and add no shield of their own
+        if len(planned) == 1:  # one worker (most calls): no gather around its one task
+            ((worker, group),) = planned.items()
+            await asyncio.shield(run(worker, group))
+        elif planned:
+            await asyncio.shield(asyncio.gather(*(run(w, g) for w, g in planned.items())))
         self.metrics.sessions.set(len(self.sessions))
         return self._count_errors(results)
 

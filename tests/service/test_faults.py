@@ -119,6 +119,39 @@ def test_stuck_worker_is_replaced_and_its_sessions_lost(server, stub):
         c.post("/v1/batch/close", json={"session_ids": ids + [fresh.json()["session_id"]]})
 
 
+def test_a_call_queued_behind_a_stuck_message_says_why_its_session_ended(server, stub):
+    """The worker's watchdog kills a worker stuck on one message: a call queued behind that
+    message (another session on the same worker) answers SESSION_LOST naming the deadline
+    too, not a bare "died"; the sessions on the other worker are answered as usual."""
+    import threading
+
+    with server.client() as c:
+        restarts = _wait_workers_alive(c)["worker_restarts"]
+        ids = [
+            c.post("/v1/sessions", json={"env": "tiny", "seed": s}).json()["session_id"]
+            for s in range(4)
+        ]  # fmt: skip  (the least-loaded pick: at least one more on the first one's worker)
+        hung: list = []
+        hang = threading.Thread(target=lambda: hung.append(c.post(
+            f"/v1/sessions/{ids[0]}/step",
+            json={"step_index": 0, "actions": [{"name": "Hang"}]}, timeout=60,
+        )))  # fmt: skip
+        hang.start()
+        time.sleep(0.5)  # the Hang message is in flight: the next call on its worker queues
+        resp = stub.Step(pb.StepRequest(items=[pb.StepItem(
+            session_id=sid, step_index=0, actions=pb.ActionList(actions=[pb.Action(name="Right")]),
+        ) for sid in ids[1:]]), timeout=30)  # fmt: skip
+        hang.join(timeout=60)
+        assert hung and hung[0].status_code == 410, hung
+        errors = [r.error for r in resp.results if not r.HasField("reply")]
+        assert errors, "no other session shared the stuck worker"
+        for error in errors:
+            assert error.code == "SESSION_LOST", error
+            assert "did not answer step within 3 s" in error.message, error.message
+        _wait_workers_alive(c, restarts + 1)
+        c.post("/v1/batch/close", json={"session_ids": ids})
+
+
 def test_unexpected_api_error_is_internal_with_an_id(server):
     """An error in the API process itself (not the worker): a gRPC request whose JSON
     config is not an object is INVALID_ARGUMENT (a bad request, not a bug); malformed
