@@ -131,13 +131,18 @@ def test_a_call_queued_behind_a_stuck_message_says_why_its_session_ended(server,
             c.post("/v1/sessions", json={"env": "tiny", "seed": s}).json()["session_id"]
             for s in range(4)
         ]  # fmt: skip  (the least-loaded pick: at least one more on the first one's worker)
+        sent = sum(w["messages"] for w in c.get("/health").json()["workers"])
         hung: list = []
         hang = threading.Thread(target=lambda: hung.append(c.post(
             f"/v1/sessions/{ids[0]}/step",
             json={"step_index": 0, "actions": [{"name": "Hang"}]}, timeout=60,
         )))  # fmt: skip
         hang.start()
-        time.sleep(0.5)  # the Hang message is in flight: the next call on its worker queues
+        with server.client() as probe:  # until the Hang message is sent: the next call on
+            waited = time.monotonic() + 30  # its worker queues behind it
+            while sum(w["messages"] for w in probe.get("/health").json()["workers"]) == sent:
+                assert time.monotonic() < waited, "the Hang step was never sent"
+                time.sleep(0.02)
         resp = stub.Step(pb.StepRequest(items=[pb.StepItem(
             session_id=sid, step_index=0, actions=pb.ActionList(actions=[pb.Action(name="Right")]),
         ) for sid in ids[1:]]), timeout=30)  # fmt: skip
