@@ -277,12 +277,10 @@ class WorkerHandle:
         self._watchdog = None
         if not self.alive:
             return
-        if self._deadlines and self.stuck(asyncio.get_running_loop().time()):
-            deadline = self._deadlines[0]
-            if self.kill():  # its calls in flight fail with WorkerStuck (`_died`)
-                self.stuck_after = deadline
-                if self.on_stuck is not None:
-                    self.on_stuck(self, deadline)
+        if self.stuck(asyncio.get_running_loop().time()):
+            self.stuck_after = self._deadlines[0]  # its calls fail with WorkerStuck (`_lost`)
+            if self.kill() and self.on_stuck is not None:
+                self.on_stuck(self, self.stuck_after)
             return
         self._watch()
 
@@ -413,9 +411,9 @@ class WorkerHandle:
         self._flush()
 
     def kill(self) -> bool:
-        """SIGKILL the process (a stuck worker): its pipe closes, calls in flight fail with
-        WorkerLost and `on_death` replaces it, as for any death. False if it was killed
-        already (several callers may find it stuck)."""
+        """SIGKILL the process (a stuck worker, `_check_stuck`): its pipe closes, calls in
+        flight fail with WorkerLost (WorkerStuck, then) and `on_death` replaces it, as for
+        any death. False if it was killed already or is not running."""
         if self.killed or self.process is None or not self.process.is_alive():
             return False
         self.killed = True

@@ -249,23 +249,23 @@ def test_a_stream_holds_at_most_its_cap_of_calls_in_flight_and_answers_them_all(
     asyncio.run(main())
 
 
+async def _refuse(context) -> None:
+    await context.abort(
+        grpc.StatusCode.UNAUTHENTICATED,
+        "no",
+        trailing_metadata=((wire.CODE_METADATA_KEY, "UNAUTHENTICATED"),),
+    )
+
+
 class _Refusing(pb_grpc.VisenvServicer):
     """A peer that refuses every call at once, as the token check does."""
 
     async def Calls(self, requests, context):
-        await context.abort(
-            grpc.StatusCode.UNAUTHENTICATED,
-            "no",
-            trailing_metadata=((wire.CODE_METADATA_KEY, "UNAUTHENTICATED"),),
-        )
+        await _refuse(context)
         yield pb.CallResponse()  # never reached
 
     async def Status(self, request, context):
-        await context.abort(
-            grpc.StatusCode.UNAUTHENTICATED,
-            "no",
-            trailing_metadata=((wire.CODE_METADATA_KEY, "UNAUTHENTICATED"),),
-        )
+        await _refuse(context)
 
 
 def test_a_refused_stream_answers_its_status_to_every_call_never_a_broken_stream():
