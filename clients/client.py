@@ -503,9 +503,25 @@ class _LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=5)
-        self.loop.close()
+        """End the loop as `asyncio.run` ends its own: tasks still pending (grpc's own
+        task of a call just cancelled, one turn from done) are cancelled and run out
+        first, so that closing the loop destroys none ("Task was destroyed but it is
+        pending!")."""
+        try:
+            self.run(_drain())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=5)
+            self.loop.close()
+
+
+async def _drain() -> None:
+    """Cancel every other task of the running loop and wait for them to end."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.get_running_loop().shutdown_asyncgens()
 
 
 class EnvClient:

@@ -193,7 +193,7 @@ class Channel:
 
     async def aclose(self) -> None:
         if self._calls is not None:
-            self._calls.reader.cancel()
+            await self._calls.aclose()
         await self.channel.close()
 
 
@@ -253,6 +253,11 @@ class _CallStream:
             status = GRPC_STATUS.get(err.code, grpc.StatusCode.INTERNAL)
             raise _rpc_error(status, err.message, err.code)
         return getattr(response, kind)
+
+    async def aclose(self) -> None:
+        """Cancel the stream (its reader cancels the call) and wait for the reader."""
+        self.reader.cancel()
+        await asyncio.gather(self.reader, return_exceptions=True)
 
     async def _read(self) -> None:
         error = None
