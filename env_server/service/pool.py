@@ -145,7 +145,6 @@ class WorkerHandle:
         self._writer: asyncio.StreamWriter | None = None
         self._read_task: asyncio.Task | None = None
         self._stopping = False
-        self.killed = False
         self.on_death: Any = None  # callable(WorkerHandle), set by the pool
         self.on_stuck: Any = None  # callable(WorkerHandle, deadline), set by the pool
 
@@ -268,7 +267,7 @@ class WorkerHandle:
         """Arm the stuck check (`stuck`) while messages are in flight: one timer per
         worker, re-armed by each check, at a tenth of the oldest message's deadline (at
         most 1 s), so that a stuck worker is found at most that long after its deadline."""
-        if self._watchdog is None and self._deadlines and self.alive:
+        if self._watchdog is None and self._deadlines and self.alive and self.stuck_after is None:
             self._watchdog = asyncio.get_running_loop().call_later(
                 min(1.0, self._deadlines[0] / 10), self._check_stuck
             )
@@ -413,10 +412,10 @@ class WorkerHandle:
     def kill(self) -> bool:
         """SIGKILL the process (a stuck worker, `_check_stuck`): its pipe closes, calls in
         flight fail with WorkerLost (WorkerStuck, then) and `on_death` replaces it, as for
-        any death. False if it was killed already or is not running."""
-        if self.killed or self.process is None or not self.process.is_alive():
+        any death. False if it is not running. Once killed as stuck (`stuck_after`), its
+        watchdog is not armed again, so it is killed once."""
+        if self.process is None or not self.process.is_alive():
             return False
-        self.killed = True
         self.process.kill()
         return True
 

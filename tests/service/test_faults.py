@@ -8,6 +8,7 @@ puts an object no JSON can hold into the ground truth.
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -123,8 +124,6 @@ def test_a_call_queued_behind_a_stuck_message_says_why_its_session_ended(server,
     """The worker's watchdog kills a worker stuck on one message: a call queued behind that
     message (another session on the same worker) answers SESSION_LOST naming the deadline
     too, not a bare "died"; the sessions on the other worker are answered as usual."""
-    import threading
-
     with server.client() as c:
         restarts = _wait_workers_alive(c)["worker_restarts"]
         ids = [
