@@ -1,7 +1,7 @@
 # visenv — every target installs what it needs first (see scripts/setup.sh).
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-EXTRAS ?= server,dev,svg,navigation,ai2thor,primitive_skill,trainer
+EXTRAS ?= server,dev,svg,navigation,ai2thor,primitive_skill,trainer,ray
 comma  := ,
 STAMP  := $(VENV)/.visenv-setup-$(subst $(comma),-,$(EXTRAS))
 PYTEST_ARGS ?=

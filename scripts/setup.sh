@@ -4,14 +4,14 @@
 #      lavapipe Vulkan for ManiSkill3) — skipped with a warning when not root;
 #   2. a virtual environment in $VENV with torch (CPU build, installed first so that
 #      no other package pulls a multi-GB CUDA build), then visenv and its extras.
-# Variables: PYTHON (python3), VENV (.venv), EXTRAS (server,dev,svg,navigation,ai2thor,primitive_skill,trainer),
+# Variables: PYTHON (python3), VENV (.venv), EXTRAS (server,dev,svg,navigation,ai2thor,primitive_skill,trainer,ray),
 #            TORCH_SPEC (torch==2.13.0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-EXTRAS=${EXTRAS:-server,dev,svg,navigation,ai2thor,primitive_skill,trainer}
+EXTRAS=${EXTRAS:-server,dev,svg,navigation,ai2thor,primitive_skill,trainer,ray}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 
 SYSTEM_PACKAGES=(libcairo2 libegl1 libgl1 libgl1-mesa-dri libglu1-mesa chromium chromium-driver)

@@ -130,6 +130,7 @@ class EnvService:
         # before that, and calls made meanwhile wait for it (`wait_started`)
         self._started = asyncio.Event()
         self._start_error: ServiceError | None = None
+        self.draining = False  # `drain`: no new sessions; the open ones go on
 
     # ---- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
@@ -213,6 +214,13 @@ class EnvService:
         self.sessions.clear()
         self.metrics.sessions.set(0)
 
+    def drain(self) -> None:
+        """Take no new sessions (a create answers UNAVAILABLE; forks of open sessions, part
+        of their episodes, still go) and serve the open ones as before. `/health` says
+        `draining` and counts them, so whoever drains a server (SIGUSR1 to `visenv serve`,
+        `visenv ray scale`) stops it at zero."""
+        self.draining = True
+
     async def __aenter__(self) -> EnvService:
         await self.start()
         return self
@@ -259,6 +267,10 @@ class EnvService:
                 error = error or ServiceError.from_validation(exc, "reasoning")
             else:
                 error = error or self.rewards.check_judge(reasoning)
+            if error is None and self.draining:
+                error = ServiceError(
+                    "UNAVAILABLE", "the server is draining: it takes no new sessions"
+                )
             if error is None and len(self.sessions) >= self.settings.max_sessions:
                 error = ServiceError(
                     "CAPACITY",
@@ -501,6 +513,7 @@ class EnvService:
             "ready": ready,
             "limits": self.limits(),
             "sessions": len(self.sessions),
+            "draining": self.draining,
             "max_sessions": self.settings.max_sessions,
             "idle_timeout_s": self.settings.idle_timeout,
             "envs": sorted(n for n, s in self.env_specs.items() if s.enabled),
