@@ -219,6 +219,7 @@ def resample_all_wrong(
     temperature: float,
     image_token_id: int,
     episode_options: dict[str, Any],
+    invalid_penalty: float = 0.0,
 ) -> tuple[list[EpisodeTokens], dict[str, float], list[BranchPolicy]]:
     """AXPO over one iteration's collected episodes (aligned with their trajectories).
 
@@ -252,7 +253,7 @@ def resample_all_wrong(
         for branch in branches:
             if not branch.ok:
                 log.warning("AXPO branch of seed %d failed: %s", source.seed, branch.error)
-        new += [attach_rewards(policy.episodes[b.episode], b) for b in kept]
+        new += [attach_rewards(policy.episodes[b.episode], b, invalid_penalty) for b in kept]
         policies.append(policy)
         resampled += bool(kept)
         gained += any(b.success for b in kept)
@@ -283,6 +284,6 @@ def axpo_round(
         client, collected.episodes, collected.trajectories, policy_args,
         samples=cfg.ppo.axpo_samples or cfg.ppo.group_size, how=cfg.ppo.axpo_branch,
         temperature=gen.temperature, image_token_id=models.image_token_id,
-        episode_options=episode_options,
+        episode_options=episode_options, invalid_penalty=cfg.ppo.invalid_answer_penalty,
     )  # fmt: skip
     return new, metrics

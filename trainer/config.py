@@ -132,6 +132,14 @@ class PPOSection(_Strict):
         "k1", description="k1: log pi - log pi_ref; k3: the low-variance, always >= 0 form"
     )
     entropy_coef: float = Field(0.001, ge=0, description="VAGEN's (verl's) entropy_coeff")
+    invalid_answer_penalty: float = Field(
+        0.0,
+        ge=0,
+        description="format guard: subtracted (by the trainer) from the reward of every "
+        "turn whose answer was not valid (the server's info.action_valid false: malformed, "
+        "cut off, or an action refused); the episode goes on as before. The same for every "
+        "format; 0 turns it off (the paper's rewards). docs/experiments/2026-12-04-format-grid.md",
+    )
     loss_agg: Literal["token_mean", "seq_mean_token_mean"] = Field(
         "token_mean",
         description="token_mean: every action token of the minibatch weighs the same "

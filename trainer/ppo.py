@@ -545,6 +545,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                 level_seeds(cfg, iteration, rank, world),
                 max_attempts=cfg.run.max_episode_attempts,
                 retry_wait=cfg.run.retry_wait,
+                invalid_penalty=p.invalid_answer_penalty,
                 **episode_options,
             )
             resampled, axpo_metrics = [], {}

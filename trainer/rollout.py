@@ -375,13 +375,20 @@ class Collected:
     dropped: int  # episodes given up after max_attempts
 
 
-def attach_rewards(ep: EpisodeTokens, traj: Trajectory) -> EpisodeTokens:
-    """Copy a finished trajectory's per-turn rewards and summary onto its tokens."""
+def attach_rewards(
+    ep: EpisodeTokens, traj: Trajectory, invalid_penalty: float = 0.0
+) -> EpisodeTokens:
+    """Copy a finished trajectory's per-turn rewards and summary onto its tokens.
+
+    `invalid_penalty` (the format guard, `ppo.invalid_answer_penalty`) is taken off the
+    reward of exactly the turns whose answer was not valid (`info["action_valid"]` false)
+    and so off the episode's reward too; `info["invalid_penalty"]` says how much."""
     if ep.n_turns != len(traj.turns):
         raise RuntimeError(
             f"episode {traj.episode}: {ep.n_turns} responses but {len(traj.turns)} turns"
         )
-    ep.turn_rewards = [t.reward for t in traj.turns]
+    penalties = [0.0 if t.info.get("action_valid") else invalid_penalty for t in traj.turns]
+    ep.turn_rewards = [t.reward - pen for t, pen in zip(traj.turns, penalties, strict=True)]
     parts: dict[str, float] = {}
     for t in traj.turns:
         for k, v in t.reward_parts.to_dict().items():
@@ -392,7 +399,7 @@ def attach_rewards(ep: EpisodeTokens, traj: Trajectory) -> EpisodeTokens:
     }
     ep.info = {
         "seed": traj.seed,
-        "reward": traj.total_reward,
+        "reward": traj.total_reward - sum(penalties),
         "success": float(traj.success),
         "turns": len(traj.turns),
         "action_valid": sum(bool(t.info.get("action_valid")) for t in traj.turns)
@@ -400,6 +407,8 @@ def attach_rewards(ep: EpisodeTokens, traj: Trajectory) -> EpisodeTokens:
         **{f"reward_{k}": v for k, v in parts.items()},
         **{k: sum(v) / len(v) for k, v in scores.items() if v},
     }
+    if invalid_penalty:
+        ep.info["invalid_penalty"] = sum(penalties)
     return ep
 
 
@@ -411,9 +420,11 @@ def collect(
     *,
     max_attempts: int = 3,
     retry_wait: float = 1.0,
+    invalid_penalty: float = 0.0,
     **episode_options: Any,
 ) -> Collected:
-    """Run one episode per seed; returns the finished ones with their tokens.
+    """Run one episode per seed; returns the finished ones with their tokens (their
+    rewards less `invalid_penalty` on every invalid answer: `attach_rewards`).
 
     Episodes that failed for a transient reason (`clients.rollout.TRANSIENT`: lost
     session, unreachable server, deadline) are run again after a back-off (`retry_wait`,
@@ -435,7 +446,9 @@ def collect(
         failed = []
         for traj in trajs:
             if traj.ok:
-                done_eps.append(attach_rewards(policy.episodes[traj.episode], traj))
+                done_eps.append(
+                    attach_rewards(policy.episodes[traj.episode], traj, invalid_penalty)
+                )
                 done_trajs.append(traj)
             elif traj.retryable:
                 log.warning("episode seed %d lost: %s", traj.seed, traj.error)
