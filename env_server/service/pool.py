@@ -28,6 +28,7 @@ import pickle
 import signal
 import socket
 import struct
+import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -289,8 +290,8 @@ class WorkerHandle:
         message after message of a long batch is busy, never stuck."""
         if not self._deadlines:
             return False
-        # while it pre-warms an environment (a simulator's start-up: a minute), a message
-        # waits behind that: allowed on top of the deadline
+        # while it pre-warms an environment (a simulator's start-up: a minute), a create of
+        # that environment waits for it: allowed on top of the deadline
         allowance = self.PREWARM_ALLOWANCE if self.warming else 0.0
         return now - self._progress_at > self._deadlines[0] + allowance
 
@@ -637,16 +638,24 @@ def worker_main(
     # collection (full ones over it took 100-300 ms under load: step tails)
     gc.freeze()
     conn.send_bytes(envelope(0, Ready(os.getpid(), {})))
-    to_warm = list(prewarm)  # warmed behind Ready, one env at a time, messages first
+    sending = threading.Lock()  # the pre-warm thread's notices and the answers share the pipe
+
+    def send(data: bytes) -> None:
+        with sending:
+            conn.send_bytes(data)
+
+    def warmed(name: str, took: float | str) -> None:
+        if name == prewarm[-1] and not worker.sessions:
+            gc.freeze()  # the pre-warmed simulators, too
+        try:
+            send(envelope(0, Warmed(name, took)))
+        except (EOFError, OSError):
+            pass  # the server is gone: the main thread exits too
+
+    if prewarm:  # behind Ready, in a thread: messages are answered meanwhile
+        worker.prewarm_behind(list(prewarm), warmed)
     while True:
         try:
-            if to_warm and not conn.poll(0):
-                name = to_warm.pop(0)
-                took = worker.prewarm([name])[name]
-                if not to_warm and not worker.sessions:
-                    gc.freeze()  # the pre-warmed simulators, too
-                conn.send_bytes(envelope(0, Warmed(name, took)))
-                continue
             data = conn.recv_bytes()
         except (EOFError, OSError):
             break
@@ -657,6 +666,6 @@ def worker_main(
             result = worker.handle(batch)
         except Exception as exc:  # a malformed message: a bug in the service
             result = ServiceError.internal(exc, f"worker {index} message", worker_log)
-        conn.send_bytes(envelope(request_id, result))
+        send(envelope(request_id, result))
     for session in worker.sessions.values():
         session.env.close()

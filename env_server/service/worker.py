@@ -6,7 +6,9 @@ and gets one message back: a list of answers in the same order. The messages,
 their answers and the envelope are the worker protocol of `messages.py`; `Worker.handle`
 answers a batch, dispatching each message on its type. Before its first answer a worker
 says `Ready`, then pre-warms the heavy environments it was given (see `Worker.prewarm`)
-one by one, serving any message that arrives first, with a `Warmed` notice after each.
+one by one in a thread of its own (`Worker.prewarm_behind`), with a `Warmed` notice after
+each, while its main thread answers messages: a light environment is served at once, and
+only a create of an environment still warming waits for that warm-up.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +105,8 @@ class Worker:
         self.sessions: dict[str, WorkerSession] = {}
         self._classes: dict[str, type[Environment]] = {}
         self.warm: set[str] = set()  # envs whose first instance this process has made
+        # envs being pre-warmed in the background (`prewarm_behind`): set once each is done
+        self._warming: dict[str, threading.Event] = {}
 
     def preload(self, names: Sequence[str]) -> None:
         """Import the modules of these envs now (before gc.freeze), not at a first create."""
@@ -137,6 +142,35 @@ class Worker:
             took[name] = round(time.perf_counter() - started, 3)
             log.info("pre-warmed %s in %.2f s", name, took[name])
         return took
+
+    def prewarm_behind(
+        self, names: Sequence[str], warmed: Callable[[str, float | str], None]
+    ) -> threading.Thread:
+        """`prewarm` each of `names`, one by one, in a daemon thread, calling `warmed(name,
+        took)` after each, while the caller goes on answering messages (a warm-up is mostly
+        native code: shader compilation, simulator start-up; a sokoban step beside
+        primitive_skill's warm-up took at most 0.09 s here). A create of an env still
+        warming waits for it (`_create`), so no env is ever built in two threads at once."""
+        for name in names:
+            self._warming.setdefault(name, threading.Event())
+
+        def run() -> None:
+            for name in names:
+                try:
+                    took = self.prewarm([name])[name]
+                finally:
+                    self._warming[name].set()
+                warmed(name, took)
+
+        thread = threading.Thread(target=run, name="visenv-prewarm", daemon=True)
+        thread.start()
+        return thread
+
+    def _wait_warmed(self, name: str) -> None:
+        """Wait until `name` is no longer being pre-warmed in the background."""
+        event = self._warming.get(name)
+        if event is not None:
+            event.wait()
 
     def _env_class(self, name: str) -> type[Environment]:
         """The class of `name`, looked up once (the registry scans entry points each time)."""
@@ -224,6 +258,7 @@ class Worker:
         """The options arrive validated, defaults filled in (`SessionOptions`); only the
         environment's config is validated here, by its class."""
         session_id, options = message.session_id, message.options
+        self._wait_warmed(options.env)
         started = time.perf_counter()
         try:
             cls = self._env_class(options.env)
