@@ -106,6 +106,7 @@ from trainer.trajectory import ChatLayout, EpisodeTokens, collate, policy_forwar
 ENV = "frozenlake"
 FORMAT = "no_think"  # --format: the response format of every policy, demo and session
 FORMATS = ("no_think", "free_think", "grounding_worldmodeling")
+REASONING: dict[str, float] = {}  # --wm-weight: the session's `reasoning` option (server side)
 SIZE, P_FROZEN = 4, 0.8
 MAX_TURNS, PER_TURN = 3, 3  # the defaults (the learning test's); --max-turns/--per-turn
 MOVES = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
@@ -413,7 +414,7 @@ def answer_spread(trajs: list[Trajectory]) -> dict[str, Any]:
 
 def play(client: EnvClient, policy, seeds: list[int], variant: str) -> dict[str, Any]:
     trajs = client.run_episodes(policy, ENV, seeds, config=env_config(variant), format=FORMAT,
-                                max_turns=MAX_TURNS, progress=False)  # fmt: skip
+                                reasoning=REASONING, max_turns=MAX_TURNS, progress=False)  # fmt: skip
     return summary(trajs)
 
 
@@ -504,7 +505,7 @@ def oracle_demos(client: EnvClient, layout: ChatLayout, seeds: list[int],
     their rewards."""
     policy = ScriptedPolicy(choose, layout)
     trajs = client.run_episodes(policy, ENV, seeds, config=cfg_env, format=FORMAT,
-                                max_turns=MAX_TURNS, progress=False)  # fmt: skip
+                                reasoning=REASONING, max_turns=MAX_TURNS, progress=False)  # fmt: skip
     return [attach_rewards(policy.episodes[t.episode], t) for t in trajs]
 
 
@@ -543,7 +544,7 @@ def over_seeds(values: list[float]) -> dict[str, Any]:
 
 
 def main() -> None:
-    global MAX_TURNS, PER_TURN, P_FROZEN, FORMAT  # one shape and format for the whole run
+    global MAX_TURNS, PER_TURN, P_FROZEN, FORMAT, REASONING  # one shape and format a run
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/learn-frozenlake")
     ap.add_argument("--json", default=None, help="write the results here (after every arm)")
@@ -579,6 +580,10 @@ def main() -> None:
                     help="stop the warm-up at the first check whose first move goes towards "
                     "the goal on at least this share of the validation levels (a warm-up that "
                     "reads partly; --warmup-steps is the most it may take)")  # fmt: skip
+    ap.add_argument("--warmup-stop-valid", type=float, default=0.0,
+                    help="with --warmup-stop-toward: stop only at a check whose greedy "
+                    "valid-answer rate is at least this too (a format guard has a valid "
+                    "format to keep)")  # fmt: skip
     ap.add_argument("--no-system-prompt", action="store_true",
                     help="leave the environment's system prompt out of the policy's context, "
                     "in the warm-up's data, PPO (env.system_prompt=false) and evaluation")  # fmt: skip
@@ -620,6 +625,13 @@ def main() -> None:
     ap.add_argument("--kl-estimator", default="k1", choices=["k1", "k3"])
     ap.add_argument("--kl-mode", default=None, choices=["reward", "loss"])
     ap.add_argument("--clip", type=float, default=0.2, help="PPO ratio clip")
+    ap.add_argument("--invalid-penalty", type=float, default=0.0,
+                    help="the format guard: ppo.invalid_answer_penalty, taken off the reward "
+                    "of every invalid answer in PPO (the episode goes on)")  # fmt: skip
+    ap.add_argument("--wm-weight", type=float, default=None,
+                    help="the world-model reward's weight (the session's reasoning beta_s and "
+                    "beta_w, server side; default the server's 0.5): 0 keeps the "
+                    "grounding_worldmodeling layout and grading without its reward")  # fmt: skip
     ap.add_argument(
         "--p",
         type=float,
@@ -637,6 +649,8 @@ def main() -> None:
     args = ap.parse_args()
     MAX_TURNS, PER_TURN, P_FROZEN = args.max_turns, args.per_turn, args.p
     FORMAT = args.format
+    if args.wm_weight is not None:
+        REASONING = {"beta_s": args.wm_weight, "beta_w": args.wm_weight}
     torch.set_num_threads(1)
     if args.write_test_warm_up:
         write_test_warm_up(Path(args.write_test_warm_up))
@@ -648,7 +662,8 @@ def main() -> None:
         merge(args)
         return
     t_start = time.time()
-    report: dict[str, Any] = {"args": vars(args), "env": env_config("text") | {"format": FORMAT}}
+    report: dict[str, Any] = {"args": vars(args),
+                              "env": env_config("text") | {"format": FORMAT, "reasoning": REASONING}}  # fmt: skip
     if args.baselines_only:
         if not args.json or not Path(args.json).exists():
             raise SystemExit("--baselines-only needs --json with the results of a run")
@@ -795,7 +810,8 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
                 "distinct_first_moves", "valid_answer_rate")})  # fmt: skip
             print(variant, seed, "warm-up check:", checks[-1], flush=True)
             goal = args.warmup_stop_toward
-            return goal is not None and r["first_move_toward_goal"] >= goal
+            return (goal is not None and r["first_move_toward_goal"] >= goal
+                    and r["valid_answer_rate"] >= args.warmup_stop_valid)  # fmt: skip
 
         lengths = answer_tokens(demos)
         if max(lengths) > args.max_new_tokens:
@@ -822,6 +838,7 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
         cfg = load_config(None, [
             f"env.servers=['{address}']", f"env.name={ENV}", f"env.format={FORMAT}",
             f"env.config={json.dumps(cfg_env)}", f"env.max_turns={MAX_TURNS}",
+            f"env.reasoning={json.dumps(REASONING)}",
             f"env.system_prompt={not args.no_system_prompt}",
             f"model.path='{warm}'", "model.critic=head",
             f"generation.max_new_tokens={args.max_new_tokens}",
@@ -832,6 +849,7 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
             f"ppo.critic_lr={args.critic_lr}", f"ppo.kl_coef={args.kl_coef}",
             f"ppo.kl_estimator={args.kl_estimator}", f"ppo.clip={args.clip}",
             f"ppo.filter_ratio={args.filter_ratio}",
+            f"ppo.invalid_answer_penalty={args.invalid_penalty}",
             *([f"ppo.kl_mode={args.kl_mode}"] if args.kl_mode else []),
             "run.save_every=1000", "run.threads=1",
             f"run.out_dir='{out / arm}'", f"run.seed={seed}", "run.progress=false",

@@ -1,0 +1,380 @@
+"""The format comparison in miniature (issue 46): does the world-model reward help, over seeds?
+
+    # the whole grid, one job at a time at the lowest priority; run it again after an
+    # interruption and it goes on (every finished (arm, seed) is skipped)
+    nice -n 19 .venv/bin/python examples/format_grid.py --out runs/format-grid
+    # the table and the plot of what is finished (also written after every job)
+    .venv/bin/python examples/format_grid.py --out runs/format-grid --merge-only \\
+        --table docs/experiments/format_grid.md --plot docs/experiments/format_grid.png
+    # the pilot: every arm once, a tiny budget, one seed (proves the script, not a result)
+    nice -n 19 .venv/bin/python examples/format_grid.py --budget pilot --out runs/format-pilot
+
+Each job is one `examples/learn_frozenlake.py` process: one arm, one training seed, its
+warm-up, PPO (bi_level) and the greedy and sampled evaluation of both on the held-out
+levels, beside the random, fixed-plan and oracle baselines that script computes. Its
+report goes to `<out>/<arm>-<seed>.partial.json` while it runs and is renamed
+`<arm>-<seed>.json` when the process has finished with every number; a job with that
+file is done. Fixed here, before any PPO number of the grid exists:
+
+- arms (`ARMS`): `no_think`, `free_think`, `grounding_worldmodeling` (world-model reward
+  on: 0.5 x observation + 0.5 x prediction score), and `gwm_wm0`: the same layout and
+  grading with the world-model weight 0 (the session's `reasoning` option,
+  `beta_s = beta_w = 0`, server side). A warm-up is supervised and never sees a reward,
+  so `gwm_wm0` starts from the `grounding_worldmodeling` warm-up of its seed (the same
+  model its own warm-up would be) and the two differ by the reward alone, paired.
+- seeds (`SEEDS`): 0, 1, 2, 3, the same for every arm; every job uses
+  `--split-seeds 0 1 2 3`, so all play one shared set of 100 held-out levels.
+- the warm-up rule (`WARM_UP_RULE`), one for every arm: every 50 steps (8 episodes of
+  the oracle's moves on 1,024 training levels a step, lr 3e-3) play 100 validation levels
+  of the seed's training range greedily; stop at the first check whose first move goes
+  towards the goal on at least 0.7 of them and whose answers are valid on at least 0.95;
+  at most 1,500 steps (the fourth run's rule, under which PPO learnt on 8 of 8 seeds,
+  plus the valid-answer condition: a format guard needs a valid format to keep).
+- the PPO budget (`BUDGETS["full"]`), the same for every arm: 288 iterations x 32
+  episodes, bi_level, lr 1e-3, KL k3 as a loss at 0.1, clip 0.1, StarPO-S half of the
+  groups of 4, 2 epochs; the format guard `--invalid-penalty 2` (ppo.invalid_answer_penalty)
+  in every arm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+try:  # run as a script (examples/ is on sys.path) or imported as examples.format_grid
+    import learn_frozenlake as lf
+except ModuleNotFoundError:
+    from examples import learn_frozenlake as lf
+
+SEEDS = (0, 1, 2, 3)
+ARMS: dict[str, dict[str, Any]] = {  # flags of each arm; `warm_up_from`: whose warm-up it uses
+    "no_think": {"flags": ["--format", "no_think", "--max-new-tokens", "8"]},
+    "free_think": {"flags": ["--format", "free_think", "--max-new-tokens", "24"]},
+    "grounding_worldmodeling": {
+        "flags": ["--format", "grounding_worldmodeling", "--max-new-tokens", "128"]
+    },
+    "gwm_wm0": {
+        "flags": [
+            "--format",
+            "grounding_worldmodeling",
+            "--max-new-tokens",
+            "128",
+            "--wm-weight",
+            "0",
+        ],  # fmt: skip
+        "warm_up_from": "grounding_worldmodeling",
+    },
+}
+WORLD_MODEL_ARMS = ("grounding_worldmodeling", "gwm_wm0")
+PPO_ARM = "bi_level"
+GUARD = ["--invalid-penalty", "2"]  # the format guard, every arm
+TASK = ["--variants", "natural", "--max-turns", "6", "--per-turn", "1", "--p", "0.9",
+        "--hidden", "64", "--layers", "2", "--warm-up-policy", "oracle", "--no-system-prompt",
+        "--demo-levels", "1024", "--eval-levels", "100", "--probe-arms", PPO_ARM]  # fmt: skip
+WARM_UP_RULE = ["--validation-levels", "100", "--warmup-check-every", "50",
+                "--warmup-stop-toward", "0.7", "--warmup-stop-valid", "0.95",
+                "--warmup-steps", "1500", "--warmup-lr", "3e-3"]  # fmt: skip
+PPO = ["--episodes", "32", "--group-size", "4", "--actor-lr", "1e-3", "--filter-ratio", "0.5",
+       "--kl-coef", "0.1", "--kl-estimator", "k3", "--kl-mode", "loss", "--clip", "0.1",
+       "--ppo-epochs", "2"]  # fmt: skip
+BUDGETS: dict[str, dict[str, Any]] = {
+    "full": {"seeds": SEEDS, "flags": ["--ppo-iterations", "288", "--random-repeats", "3"]},
+    # the pilot: the same flags with a warm-up of at most 100 steps (checked at 50 and
+    # 100, by the same rule), 4 PPO iterations and one draw of random moves; seed 0 only
+    "pilot": {
+        "seeds": (0,),
+        "flags": ["--ppo-iterations", "4", "--random-repeats", "1", "--warmup-steps", "100"],
+    },  # fmt: skip
+}
+
+
+@dataclass
+class Job:
+    arm: str
+    seed: int
+    out: Path  # the grid's folder
+
+    @property
+    def name(self) -> str:
+        return f"{self.arm}-{self.seed}"
+
+    @property
+    def result(self) -> Path:
+        return self.out / f"{self.name}.json"
+
+    @property
+    def after(self) -> Job | None:
+        """The job whose warm-up this one starts from, if any."""
+        source = ARMS[self.arm].get("warm_up_from")
+        return Job(source, self.seed, self.out) if source else None
+
+    def command(self, budget: str) -> list[str]:
+        b = BUDGETS[budget]
+        cmd = [sys.executable, str(Path(lf.__file__)), *TASK, *WARM_UP_RULE, *PPO, *GUARD,
+               "--split-seeds", *map(str, SEEDS), *b["flags"], *ARMS[self.arm]["flags"],
+               "--seeds", str(self.seed), "--out", str(self.out / self.name),
+               "--json", str(self.out / f"{self.name}.partial.json")]  # fmt: skip
+        if self.after is not None:
+            source = self.out / self.after.name / f"natural-{self.seed}" / "warm"
+            cmd += ["--warm-up", str(source)]
+        return cmd
+
+
+def jobs(budget: str, out: Path) -> list[Job]:
+    """Seed by seed, every arm of a seed before the next seed: a grid cut short holds
+    whole seeds (every arm), and a job's warm-up source always comes before it."""
+    return [Job(arm, seed, out) for seed in BUDGETS[budget]["seeds"] for arm in ARMS]
+
+
+def finished(report: dict[str, Any], seed: int) -> bool:
+    runs = report.get("runs", {}).get("natural", {})
+    return all(str(seed) in runs.get(arm, {}) for arm in ("warm-up", PPO_ARM))
+
+
+def run_queue(todo: list[Job], budget: str, parallel: int, nice: int) -> list[str]:
+    """Run the jobs not done yet, at most `parallel` at once, each after the job it
+    depends on; returns the names of those that failed (their dependants are not run)."""
+    pending = [j for j in todo if not j.result.exists()]
+    print(f"{len(todo) - len(pending)} of {len(todo)} jobs done; {len(pending)} to run", flush=True)
+    running: dict[str, tuple[Job, subprocess.Popen, float]] = {}
+    failed: list[str] = []
+
+    def stop(*_: Any) -> None:
+        for _, proc, _ in running.values():
+            proc.send_signal(signal.SIGTERM)  # learn_frozenlake stops its server on the way
+        for _, proc, _ in running.values():
+            proc.wait(timeout=60)
+        sys.exit(143)
+
+    before = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while pending or running:
+            for job in list(pending):
+                if len(running) >= parallel:
+                    break
+                dep = job.after
+                if dep is not None and dep.name in failed:
+                    pending.remove(job)
+                    failed.append(job.name)
+                    print(f"{job.name}: not run ({dep.name} failed)", flush=True)
+                elif dep is None or dep.result.exists():
+                    pending.remove(job)
+                    job.out.mkdir(parents=True, exist_ok=True)
+                    log = job.out / f"{job.name}.log"
+                    with open(log, "w") as f:  # the child keeps its own copy open
+                        proc = subprocess.Popen(job.command(budget), stdout=f,
+                                                stderr=subprocess.STDOUT,
+                                                preexec_fn=lambda: os.nice(nice))  # fmt: skip
+                    running[job.name] = (job, proc, time.time())
+                    print(f"{job.name}: started (log {log})", flush=True)
+            if not running:  # every pending job waits for one that failed or never ran
+                failed += [j.name for j in pending]
+                break
+            time.sleep(2)
+            for name, (job, proc, t0) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                del running[name]
+                partial = job.out / f"{name}.partial.json"
+                report = json.loads(partial.read_text()) if partial.exists() else {}
+                if proc.returncode == 0 and finished(report, job.seed):
+                    partial.rename(job.result)
+                    print(f"{name}: done in {time.time() - t0:.0f} s", flush=True)
+                    merge(job.out, budget, quiet=True)
+                else:
+                    failed.append(name)
+                    print(f"{name}: failed (exit {proc.returncode}; see its log)", flush=True)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    return failed
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def load(out: Path) -> dict[str, dict[int, dict[str, Any]]]:
+    """The finished reports, by arm and seed; they must share one held-out set."""
+    found: dict[str, dict[int, dict[str, Any]]] = {}
+    levels = None
+    for arm in ARMS:
+        for path in sorted(out.glob(f"{arm}-*.json")):
+            seed = path.stem.removeprefix(f"{arm}-")
+            if not seed.isdigit():
+                continue  # e.g. a .partial.json
+            report = json.loads(path.read_text())
+            if levels is None:
+                levels = report["levels"]
+            elif report["levels"] != levels:
+                raise SystemExit(f"{path}: played other held-out levels than the rest")
+            found.setdefault(arm, {})[int(seed)] = report
+    return found
+
+
+def _interval(values: list[float]) -> dict[str, Any]:
+    return lf.over_seeds(values) if values else {}
+
+
+def arm_summary(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Warm-up and PPO over seeds: greedy and sampled success, the paired gain, valid
+    answers (greedy; the lowest seed's too), world-model scores, seconds."""
+    seeds = sorted(by_seed)
+    runs = [by_seed[s]["runs"]["natural"] for s in seeds]
+    warm = [r["warm-up"][str(s)] for r, s in zip(runs, seeds, strict=True)]
+    ppo = [r[PPO_ARM][str(s)] for r, s in zip(runs, seeds, strict=True)]
+
+    def of(rows, key, sub=None):
+        vals = [(x["eval"][sub] if sub else x["eval"]).get(key) for x in rows]
+        return [float(v) for v in vals if v is not None]
+
+    out: dict[str, Any] = {"seeds": seeds}
+    for name, rows in (("warm_up", warm), ("ppo", ppo)):
+        out[name] = {
+            "greedy": _interval(of(rows, "success_rate")),
+            "sampled": _interval(of(rows, "success_rate", "sampled")),
+            "valid": _interval(of(rows, "valid_answer_rate")),
+            "sampled_valid": _interval(of(rows, "valid_answer_rate", "sampled")),
+            "first_move_toward_goal": _interval(of(rows, "first_move_toward_goal")),
+            "observation_score": _interval(of(rows, "observation_score")),
+            "prediction_score": _interval(of(rows, "prediction_score")),
+        }
+    gains = [p - w for p, w in zip(of(ppo, "success_rate"), of(warm, "success_rate"), strict=True)]
+    out["paired_gain"] = _interval(gains)
+    # the check the rule stopped at (or the cap); none for a warm-up loaded from another arm
+    out["warm_up_steps"] = [w["warmup_validation"][-1]["step"] if w.get("warmup_validation")
+                            else None for w in warm]  # fmt: skip
+    out["seconds"] = [by_seed[s]["seconds"] for s in seeds]
+    out["train_valid"] = [x["train_valid"] for x in ppo]
+    out["train_success"] = [x["train_success"] for x in ppo]
+    return out
+
+
+def _cell(stat: dict[str, Any], signed: bool = False) -> str:
+    if not stat:
+        return ""
+    f = "{:+.2f}" if signed else "{:.2f}"
+    text = f.format(stat["mean"])
+    if "ci95" in stat:
+        text += " [" + ", ".join(f.format(v) for v in stat["ci95"]) + "]"
+    return text + " (" + ", ".join(f.format(v) for v in stat["per_seed"]) + ")"
+
+
+def table(grid: dict[str, Any]) -> str:
+    b = grid["baselines"]
+    n = len(BUDGETS[grid["budget"]]["seeds"])
+    lines = [
+        f"Held-out success, greedy, on {grid['levels']['held_out']} levels shared by every "
+        f"arm: mean [95% CI over seeds] (per seed). Baselines: random moves "
+        f"{b['random']['success_rate']:.2f}, best fixed plan {b['fixed_plan']['success_rate']:.2f}, "
+        f"oracle {b['oracle']['success_rate']:.2f}.",
+        "",
+        "| arm | seeds | warm-up stopped at (steps) | warm-up greedy | + PPO greedy | paired gain "
+        "| + PPO sampled | greedy valid answers: warm-up → PPO (lowest seed) "
+        "| observation score: warm-up → PPO | prediction score: warm-up → PPO | seconds per seed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, s in grid["arms"].items():
+        w, p = s["warm_up"], s["ppo"]
+        valid = f"{w['valid']['mean']:.2f} → {p['valid']['mean']:.2f} ({min(p['valid']['per_seed']):.2f})"
+        scores = [f"{w[k]['mean']:.2f} → {p[k]['mean']:.2f}" if w[k] and p[k] else ""
+                  for k in ("observation_score", "prediction_score")]  # fmt: skip
+        source = ARMS[arm].get("warm_up_from")
+        steps = f"`{source}`'s" if source else ", ".join(str(x) for x in s["warm_up_steps"])
+        lines.append(
+            f"| `{arm}` | {len(s['seeds'])} of {n} | {steps} | {_cell(w['greedy'])} "
+            f"| {_cell(p['greedy'])} | {_cell(s['paired_gain'], signed=True)} "
+            f"| {_cell(p['sampled'])} | {valid} | {scores[0]} | {scores[1]} "
+            f"| {', '.join(f'{x:.0f}' for x in s['seconds'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(grid: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (bars, valid) = plt.subplots(1, 2, figsize=(13, 4.5), width_ratios=[3, 2])
+    arms = list(grid["arms"])
+    for i, arm in enumerate(arms):
+        for dx, key, color in ((-0.2, "warm_up", "tab:grey"), (0.2, "ppo", "tab:green")):
+            stat = grid["arms"][arm][key]["greedy"]
+            lo, hi = stat.get("ci95", [stat["mean"]] * 2)
+            bars.bar(i + dx, stat["mean"], 0.38, yerr=[[stat["mean"] - lo], [hi - stat["mean"]]],
+                     color=color, capsize=3, label=key.replace("_", "-") if i == 0 else None)  # fmt: skip
+            bars.plot([i + dx] * len(stat["per_seed"]), stat["per_seed"], "k.", markersize=4)
+    for name, style in (("random", ":"), ("fixed_plan", "--"), ("oracle", "-.")):
+        bars.axhline(grid["baselines"][name]["success_rate"], color="k", ls=style, lw=1,
+                     label=name.replace("_", " "))  # fmt: skip
+    bars.set_xticks(range(len(arms)), arms, fontsize=8)
+    bars.set_ylabel("held-out success (greedy)")
+    bars.set_title("warm-up and + PPO: mean, 95% CI over seeds, dots: seeds", fontsize=9)
+    bars.legend(fontsize=7)
+    for arm in arms:
+        series = np.array(grid["arms"][arm]["train_valid"], dtype=float)
+        valid.plot(series.mean(0), label=arm)
+    valid.set_xlabel("PPO iteration")
+    valid.set_ylabel("valid answers (sampled, training), mean over seeds")
+    valid.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def merge(out: Path, budget: str, table_path: Path | None = None,
+          plot_path: Path | None = None, quiet: bool = False) -> dict[str, Any] | None:  # fmt: skip
+    """The grid's table (`<out>/grid.md`), numbers (`<out>/grid.json`) and plot
+    (`<out>/grid.png`) from the finished jobs; also to `table_path` and `plot_path`."""
+    found = load(out)
+    if not found:
+        print("no finished job yet", flush=True)
+        return None
+    first = next(iter(next(iter(found.values())).values()))
+    grid = {"budget": budget, "levels": first["levels"], "baselines": first["baselines"],
+            "arms": {arm: arm_summary(by_seed) for arm, by_seed in found.items()}}  # fmt: skip
+    text = table(grid)
+    (out / "grid.json").write_text(json.dumps(grid, indent=1))
+    for path in (out / "grid.md", table_path):
+        if path is not None:
+            path.write_text(text)
+    for path in (out / "grid.png", plot_path):
+        if path is not None:
+            plot(grid, path)
+    if not quiet:
+        print(text)
+    return grid
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("runs/format-grid"))
+    ap.add_argument("--budget", choices=list(BUDGETS), default="full")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="processes at once (each holds one core: on 2 cores shared with a "
+                    "test suite, 1)")  # fmt: skip
+    ap.add_argument("--nice", type=int, default=19, help="the jobs' niceness")
+    ap.add_argument("--merge-only", action="store_true", help="only write the table and plot")
+    ap.add_argument("--table", type=Path, default=None, help="also write the table here")
+    ap.add_argument("--plot", type=Path, default=None, help="also write the plot here")
+    args = ap.parse_args()
+    failed: list[str] = []
+    if not args.merge_only:
+        failed = run_queue(jobs(args.budget, args.out), args.budget, args.jobs, args.nice)
+    merge(args.out, args.budget, args.table, args.plot)
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""examples/format_grid.py: the queue's order, dependencies and resume, and the merge's
+arithmetic (paired gains, intervals over seeds, the lowest seed's valid answers)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from examples import format_grid as fg
+
+
+def test_every_arm_of_a_seed_runs_before_the_next_seed(tmp_path):
+    names = [j.name for j in fg.jobs("full", tmp_path)]
+    assert names[:4] == [f"{arm}-0" for arm in fg.ARMS]
+    assert len(names) == len(fg.ARMS) * len(fg.SEEDS) and len(fg.SEEDS) >= 4
+    for i, job in enumerate(fg.jobs("full", tmp_path)):  # a warm-up source comes first
+        if job.after is not None:
+            assert job.after.name in names[:i]
+
+
+def test_arms_share_the_seeds_rule_budget_and_held_out_split(tmp_path):
+    commands = {j.arm: j.command("full") for j in fg.jobs("full", tmp_path) if j.seed == 1}
+    common = [*fg.TASK, *fg.WARM_UP_RULE, *fg.PPO, *fg.GUARD, "--split-seeds", "0", "1", "2", "3",
+              *fg.BUDGETS["full"]["flags"]]  # fmt: skip
+    for cmd in commands.values():
+        assert cmd[2 : 2 + len(common)] == common
+        assert cmd[cmd.index("--seeds") + 1] == "1"
+    wm0 = commands["gwm_wm0"]
+    assert wm0[wm0.index("--wm-weight") + 1] == "0"  # the reward off, the layout kept
+    assert wm0[wm0.index("--warm-up") + 1] == str(
+        tmp_path / "grounding_worldmodeling-1" / "natural-1" / "warm"
+    )
+    assert "--wm-weight" not in commands["grounding_worldmodeling"]
+
+
+def test_finished_jobs_are_skipped(tmp_path, capsys):
+    todo = fg.jobs("pilot", tmp_path)
+    for job in todo:
+        job.result.write_text("{}")
+    assert fg.run_queue(todo, "pilot", parallel=1, nice=19) == []
+    assert "4 of 4 jobs done; 0 to run" in capsys.readouterr().out
+    assert not list(tmp_path.glob("*.log"))  # nothing was started
+
+
+def test_a_job_never_starts_before_its_warm_up_exists(tmp_path):
+    source, dependant = fg.jobs("pilot", tmp_path)[2:4]
+    assert dependant.after == source
+    # the source has no result (failed, or not queued): the dependant is reported, not run
+    assert fg.run_queue([dependant], "pilot", parallel=1, nice=19) == [dependant.name]
+
+
+def _report(seed, warm, ppo, valid, levels):
+    def ev(success, valid_rate, scores):
+        return {"success_rate": success, "valid_answer_rate": valid_rate,
+                "first_move_toward_goal": 0.5, "sampled": {"success_rate": success,
+                "valid_answer_rate": valid_rate}, **scores}  # fmt: skip
+
+    scores = {"observation_score": 0.5, "prediction_score": 0.4}
+    return {
+        "levels": levels, "seconds": 100.0 + seed,
+        "baselines": {k: {"success_rate": v} for k, v in
+                      (("random", 0.2), ("fixed_plan", 0.25), ("oracle", 1.0))},
+        "runs": {"natural": {
+            "warm-up": {str(seed): {"eval": ev(warm, 1.0, scores),
+                                    "warmup_validation": [{"step": 50}, {"step": 100 + seed}]}},
+            "bi_level": {str(seed): {"eval": ev(ppo, valid, scores), "train_valid": [1.0, valid],
+                                     "train_success": [0.1, 0.2]}},
+        }},
+    }  # fmt: skip
+
+
+def test_merge_pairs_each_seed_with_its_own_warm_up(tmp_path):
+    levels = {"held_out": 100, "held_out_first": 7}
+    cases = {0: (0.2, 0.5, 0.99), 1: (0.4, 0.5, 0.96), 2: (0.1, 0.4, 0.98), 3: (0.3, 0.5, 0.99)}
+    for seed, (warm, ppo, valid) in cases.items():
+        report = _report(seed, warm, ppo, valid, levels)
+        (tmp_path / f"no_think-{seed}.json").write_text(json.dumps(report))
+    (tmp_path / "no_think-4.partial.json").write_text("{}")  # a job still running: left out
+    grid = fg.merge(tmp_path, "full", plot_path=tmp_path / "p.png", quiet=True)
+    s = grid["arms"]["no_think"]
+    assert s["seeds"] == [0, 1, 2, 3]
+    assert s["paired_gain"]["per_seed"] == pytest.approx([0.3, 0.1, 0.3, 0.2])
+    assert s["paired_gain"]["mean"] == pytest.approx(0.225)
+    half = 3.182 * 0.0957427 / 2  # t(3) x sample std / sqrt(4)
+    assert s["paired_gain"]["ci95"] == pytest.approx([0.225 - half, 0.225 + half], abs=1e-4)
+    assert s["warm_up_steps"] == [100, 101, 102, 103]
+    text = (tmp_path / "grid.md").read_text()
+    assert "| `no_think` | 4 of 4 | 100, 101, 102, 103 |" in text
+    assert "1.00 → 0.98 (0.96)" in text  # greedy valid answers, the lowest seed in brackets
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+    other = _report(0, 0.2, 0.5, 1.0, {"held_out": 100, "held_out_first": 8})
+    (tmp_path / "free_think-0.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="other held-out levels"):
+        fg.merge(tmp_path, "full", quiet=True)
