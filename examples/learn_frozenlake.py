@@ -43,7 +43,9 @@
     # --ppo-iterations 48 --split-seeds 0 1 2 3 4" in place of the warm-up flags above
     # the world-model reward on and off: the same with "--format free_think
     # --max-new-tokens 24" or "--format grounding_worldmodeling --max-new-tokens 128"
-    # (docs/trainer.md, "The world-model reward on and off")
+    # (docs/trainer.md, "The world-model reward on and off"); the whole comparison, with
+    # the format guard (--invalid-penalty), the world-model weight 0 (--wm-weight 0) and
+    # one warm-up rule: examples/format_grid.py (docs/experiments/2026-12-04-format-grid.md)
     # the learning test's warm-up, again (byte-identical on the same machine)
     .venv/bin/python examples/learn_frozenlake.py --write-test-warm-up DIR
 
@@ -804,8 +806,10 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
             """Check the warm-up on the validation levels (training range only)."""
             if not args.warmup_check_every or step % args.warmup_check_every:
                 return False
+            t_check = time.time()
             r = greedy_play(client, model, layout, val_seeds, variant, args.max_new_tokens)
-            checks.append({"step": step} | {k: r[k] for k in (
+            checks.append({"step": step, "seconds": t_check - t0,  # since this seed began
+                           "check_seconds": time.time() - t_check} | {k: r[k] for k in (
                 "success_rate", "first_move_toward_goal", "distinct_first_answers",
                 "distinct_first_moves", "valid_answer_rate")})  # fmt: skip
             print(variant, seed, "warm-up check:", checks[-1], flush=True)
