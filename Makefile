@@ -11,6 +11,10 @@ PYTHON ?= python3
 COMPAT_VENV  ?= .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.visenv-compat-setup
 COMPAT_PYTEST_ARGS ?=
+# verl 0.9 pins transformers < 5.11 (the main venv has newer): tests_verl/ in a venv of its own
+VERL_VENV  ?= .venv-verl
+VERL_STAMP := $(VERL_VENV)/.visenv-verl-setup
+VERL_PYTEST_ARGS ?=
 TORCH_SPEC ?= torch==2.13.0
 # lint needs only ruff: its own small venv, no apt, torch or simulators (pinned: the formatter's
 # output must not change under anyone's feet; keep it equal to the dev extra's pin)
@@ -18,7 +22,7 @@ RUFF_SPEC  ?= ruff==0.17.6
 LINT_VENV  ?= .venv-lint
 IMAGE_FAMILIES ?= light navigation primitive_skill
 
-.PHONY: setup serve test compat-setup compat-test images image-test bench lint format proto clean help
+.PHONY: setup serve test compat-setup compat-test verl-setup verl-test images image-test bench lint format proto clean help
 
 help:  ## list the targets
 	@grep -E '^[a-z][a-z-]*:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -35,6 +39,7 @@ serve: setup  ## start the server (HTTP :8000, gRPC :50051) with every environme
 test: setup  ## run the test suite (offline, 2 cores), then the compat tests
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(MAKE) compat-test
+	$(MAKE) verl-test
 
 compat-setup: $(COMPAT_STAMP)  ## the compat test venv (.venv-compat: openenv, trl, CPU torch)
 
@@ -47,6 +52,19 @@ $(COMPAT_STAMP): tests_compat/requirements.txt
 compat-test: setup compat-setup  ## peers' own clients (OpenEnv, TRL) against a real visenv serve
 	cd tests_compat && VISENV_PYTHON=$(abspath $(BIN))/python \
 		$(abspath $(COMPAT_VENV))/bin/python -m pytest -p no:cacheprovider $(COMPAT_PYTEST_ARGS)
+
+verl-setup: $(VERL_STAMP)  ## the verl test venv (.venv-verl: verl 0.9 from PyPI, CPU torch, visenv)
+
+$(VERL_STAMP): tests_verl/requirements.txt pyproject.toml
+	[ -x $(VERL_VENV)/bin/python ] || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"  # CPU build first (verl needs torch)
+	$(VERL_VENV)/bin/python -m pip install -q -r tests_verl/requirements.txt
+	$(VERL_VENV)/bin/python -m pip install -q -e ".[trainer,verl]" -r tests_verl/requirements.txt
+	@touch $@
+
+verl-test: setup verl-setup  ## verl's own AgentLoopWorker plays the visenv agent loop against a real visenv serve
+	cd tests_verl && VISENV_PYTHON=$(abspath $(BIN))/python \
+		$(abspath $(VERL_VENV))/bin/python -m pytest $(VERL_PYTEST_ARGS)
 
 images: setup  ## build the family images (docker, else podman; see docker/README.md)
 	TORCH_SPEC="$(TORCH_SPEC)" $(BIN)/python scripts/images.py build $(IMAGE_FAMILIES)
@@ -73,4 +91,4 @@ proto: setup  ## regenerate visenv/v1 from proto/visenv/v1/*.proto
 	bash scripts/gen_proto.sh
 
 clean:  ## remove the venvs and caches
-	rm -rf $(VENV) $(COMPAT_VENV) $(LINT_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(COMPAT_VENV) $(VERL_VENV) $(LINT_VENV) .pytest_cache .ruff_cache

@@ -42,6 +42,7 @@ This module imports verl; nothing else in clients/ does.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -177,12 +178,25 @@ class EpisodeSpec:
         options = SessionOptions(
             env=str(row["env"]),
             seed=int(row.get("seed") or 0),
-            config=dict(row.get("config") or {}),
+            config=_json_object(row, "config"),
             format=row.get("format") or None,
             representation=row.get("representation") or None,
-            reasoning=dict(row.get("reasoning") or {}),
+            reasoning=_json_object(row, "reasoning"),
         )
         return cls(options, row.get("max_turns"))
+
+
+def _json_object(row: dict[str, Any], key: str) -> dict[str, Any]:
+    """A row's config or reasoning: a dict, or its JSON text (as parquet rows hold it)."""
+    value = row.get(key) or {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"extra_info[{key!r}] is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"extra_info[{key!r}] must be a JSON object, got {value!r}")
+    return dict(value)
 
 
 def user_message(observation: Observation) -> dict[str, Any]:

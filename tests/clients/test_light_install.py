@@ -31,7 +31,7 @@ OWN = {"visenv", "visenv_cli", "clients", "trainer", "env_server"}
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 EXTRAS = PROJECT["optional-dependencies"]
 # modules of the SDK that need more than the base install, and the extra that brings it
-SDK_EXTRAS = {"clients/gym_env.py": "gym", "clients/verl_interaction.py": None}  # verl: the user's
+SDK_EXTRAS = {"clients/gym_env.py": "gym", "clients/verl_agent_loop.py": None}  # verl: the user's
 FAMILIES = {"svg": "svg", "navigation": "navigation", "primitive_skill": "primitive_skill"}
 
 
