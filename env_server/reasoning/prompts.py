@@ -107,7 +107,9 @@ def turn_prompt(
         elif rep is not Representation.NATURAL:
             reminder += f", states written {_REP_SHORT[rep]}"
     if space.kind is ActionKind.DOCUMENT:
-        reminder += "; the answer is one document."
+        # the env's own words for it (vicrit's answer is a span of the caption, not a file)
+        what = space.description or "One document."
+        reminder += f"; answer with {what[0].lower()}{what[1:]}"
     else:
         reminder += f"; at most {space.max_per_turn} action(s), separated by '{cfg.action_sep}'."
     return f"{obs.text.rstrip()}\n{reminder}"

@@ -342,12 +342,14 @@ def test_every_environment_plays_through_the_timeline(every_env_server, browser,
             body.send_keys(play)
         wait_for(driver, lambda d: shown_step(d) == 1, f"{env}: the first step")
         assert len(timeline(driver)) == 2
-        if env == "primitive_skill":
-            assert "pick(120, -110, 20), place(120, -110, 20)" in placeholder
+        if env == "primitive_skill":  # the template picks the first listed object: it is there
+            assert "no object to pick" not in d_text(driver, "status") + d_text(driver, "info")
+            info = d_text(driver, "info")
+            assert "invalid_actions: []" in info and "actions_executed: 2" in info, info
         if env == "svg":  # target and the agent's rendering, side by side, large and small
             assert len(shown_images(driver)) == 2 and all(shown_images(driver))
-            thumbs = timeline(driver)[1].find_elements(By.CSS_SELECTOR, ".thumbs img")
-            assert [t.get_attribute("alt") for t in thumbs] == ["target", "agent's rendering"]
+            thumbs = timeline(driver)[1].find_elements(By.CSS_SELECTOR, ".thumbs canvas")
+            assert [t.get_attribute("title") for t in thumbs] == ["target", "agent's rendering"]
         if env == "vicrit":
             driver.find_element(By.ID, "gt-toggle").click()
             assert (
@@ -407,11 +409,12 @@ def test_an_episode_file_replays_in_the_timeline(server, browser, tmp_path) -> N
                 env.step([Action(n.strip()) for n in
                           t.response.split("<answer>")[1].split("</answer>")[0].split(",")])  # fmt: skip
             names = ", ".join(a.name for a in env.oracle_actions()[:1])
-            out.append(f"<answer>{names}</answer>" if p.turn != 1 else "<answer>nonsense</answer>")
+            answer = names if p.turn != 1 else "nonsense"
+            out.append(f"<think>the oracle says {answer}</think><answer>{answer}</answer>")
         return out
 
     with EnvClient([server.grpc], token=TOKEN) as client:
-        trajs = client.run_episodes(oracle, "sokoban", seeds=[SEED, SEED + 1], format="no_think",
+        trajs = client.run_episodes(oracle, "sokoban", seeds=[SEED, SEED + 1], format="free_think",
                                     max_turns=4, progress=False)  # fmt: skip
     path = tmp_path / "episodes.jsonl"
     assert write_episodes(path, trajs) == 2
@@ -436,9 +439,20 @@ def test_an_episode_file_replays_in_the_timeline(server, browser, tmp_path) -> N
     assert "success" in d_text(driver, "status") and "UNAUTHENTICATED" not in d_text(
         driver, "status"
     )
+    # a turn shows what the agent saw before it (large) and what it wrote, by tag
+    timeline(driver)[2].click()
+    assert "viewing turn 2" in d_text(driver, "viewing")
+    assert shown_ground_truth(driver) == first["steps"][1]["observation"]["ground_truth"]
+    captions = [c.text for c in driver.find_elements(By.CSS_SELECTOR, "#view figcaption")]
+    assert captions == ["seen before turn 2", "after turn 2"], captions
+    sent = d_text(driver, "sent")
+    assert "think" in sent and "the oracle says nonsense" in sent and "answer" in sent, sent
+    assert "not parsed" in sent, sent  # turn 2 answered nonsense
+    shoot(driver, tmp_path, "replay_turn")
     timeline(driver)[1].click()
     assert "viewing turn 1" in d_text(driver, "viewing")
-    assert shown_ground_truth(driver) == first["steps"][1]["observation"]["ground_truth"]
+    assert shown_ground_truth(driver) == first["steps"][0]["observation"]["ground_truth"]
+    assert "moved" in d_text(driver, "sent") or "blocked" in d_text(driver, "sent")
     assert driver.find_element(By.ID, "send").get_attribute("disabled") is not None
     shoot(driver, tmp_path, "replay")
     Select(driver.find_element(By.ID, "replay-pick")).select_by_index(1)
@@ -463,6 +477,18 @@ def test_docs_render_offline(server, browser, tmp_path) -> None:
     assert all(r.startswith(server.url) for r in resources), resources
     summaries = " ".join(e.text for e in driver.find_elements(By.CSS_SELECTOR, ".opblock-summary"))
     assert "/v1/sessions/{session_id}/step" in summaries
+    # "Try it out" on POST /v1/sessions starts from the model's example, not a made-up body
+    create = next(b for b in driver.find_elements(By.CSS_SELECTOR, ".opblock-post")
+                  if b.find_element(By.CSS_SELECTOR, ".opblock-summary-path").text == "/v1/sessions")  # fmt: skip
+    create.find_element(By.CSS_SELECTOR, ".opblock-summary").click()
+    wait_for(driver, lambda d: create.find_elements(By.CSS_SELECTOR, ".try-out__btn"), "Try it out")
+    create.find_element(By.CSS_SELECTOR, ".try-out__btn").click()
+    wait_for(driver, lambda d: create.find_elements(By.CSS_SELECTOR, "textarea.body-param__text"),
+             "the request body")  # fmt: skip
+    body = json.loads(
+        create.find_element(By.CSS_SELECTOR, "textarea.body-param__text").get_attribute("value")
+    )
+    assert body == {"env": "sokoban", "seed": 7, "format": "no_think", "config": {}}, body
     shoot(driver, tmp_path, "docs")
     redoc = httpx.get(server.url + "/redoc", headers=server.headers)
     assert redoc.status_code == 404  # ReDoc would fetch from a CDN: not served
@@ -488,3 +514,184 @@ def test_a_double_click_on_create_makes_one_session(server, browser) -> None:
     wait_for(driver, lambda d: shown_step(d) == 0, "the new session")
     wait_for(driver, lambda d: create.is_enabled(), "create enabled again")
     assert sessions() == before + 1
+
+
+def session_header(driver) -> str:
+    return d_text(driver, "session")
+
+
+def test_the_page_stays_bound_to_its_session(server, browser, tmp_path) -> None:
+    """Controls changed after create say "create to apply" and never re-target reset,
+    send or the template: they act on the live session, which the header names."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    driver = browser
+    driver.get(server.url + "/play")
+    Select(driver.find_element(By.ID, "format")).select_by_visible_text("no_think")
+    open_page(driver, server, "sokoban", SEED, token=TOKEN)
+    sid = d_text(driver, "sid").split(" ")[0]
+    header = session_header(driver)
+    assert (
+        header
+        == f"session: sokoban · format no_think · representation natural · config {{}} · seed {SEED}"
+    )
+    assert d_text(driver, "pending") == ""
+
+    Select(driver.find_element(By.ID, "env")).select_by_value("frozenlake")
+    Select(driver.find_element(By.ID, "format")).select_by_visible_text("free_think")
+    pending = d_text(driver, "pending")
+    assert "env frozenlake" in pending and "format free_think" in pending, pending
+    assert "press create to apply" in pending and "this sokoban session" in pending
+    shoot(driver, tmp_path, "controls_pending")
+
+    driver.find_element(By.ID, "reset").click()  # resets the sokoban session, and says so
+    wait_for(driver, lambda d: "episode 1" in d_text(d, "sid"), "the reset")
+    assert d_text(driver, "sid").split(" ")[0] == sid and session_header(driver) == header
+    assert set(b.get_attribute("data-action") for b in
+               driver.find_elements(By.CSS_SELECTOR, "#actions button")) == {"Up", "Down", "Left", "Right"}  # fmt: skip
+
+    # "fill template" writes the session's format (no_think), not the dropdown's
+    driver.find_element(By.ID, "template").click()
+    template = driver.find_element(By.ID, "response").get_attribute("value")
+    assert template == "<answer>Up, Down</answer>", template
+    act_and_wait(driver, driver.find_element(By.ID, "send").click, 0)
+    assert "action_valid: true" in d_text(driver, "info"), d_text(driver, "status")
+    assert js_errors(driver) == []
+
+
+def test_a_failed_create_leaves_no_session_to_drive(server, browser, tmp_path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    driver = browser
+    open_page(driver, server, "frozenlake", 1, '{"text_as": "structured"}', token=TOKEN)
+    old = d_text(driver, "sid").split(" ")[0]
+    Select(driver.find_element(By.ID, "env")).select_by_value("sokoban")
+    driver.find_element(By.ID, "create").click()  # the frozenlake config is left over
+    wait_for(driver, lambda d: "INVALID_ARGUMENT" in d_text(d, "status"), "the refused create")
+    assert "text_as" in d_text(driver, "status")
+    assert session_header(driver) == "no session"
+    assert d_text(driver, "where") == "no session: the create failed"
+    assert driver.find_elements(By.CSS_SELECTOR, "#actions button") == []
+    assert driver.find_element(By.ID, "send").get_attribute("disabled") is not None
+    assert driver.find_element(By.ID, "reset").get_attribute("disabled") is not None
+    assert timeline(driver) == []
+    # the old session is closed, not left behind
+    wait_for(driver, lambda d: httpx.get(f"{server.url}/v1/sessions/{old}",
+                                         headers=server.headers).status_code == 404,
+             "the old session closed")  # fmt: skip
+    shoot(driver, tmp_path, "failed_create")
+    assert js_errors(driver) == []
+
+
+def test_several_moves_make_one_turn(server, browser, tmp_path) -> None:
+    """With "several moves a turn", presses queue into the turn being built and go as one
+    step, as an agent's do; the card says what each move did."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    driver = browser
+    open_page(driver, server, "sokoban", SEED, token=TOKEN)
+    driver.find_element(By.ID, "multi").click()
+    body = driver.find_element(By.TAG_NAME, "body")
+    env = make("sokoban")
+    env.reset(SEED)
+    plan = [a.name for a in env.oracle_actions()][:2] + ["Left"]
+    keys = {"Up": Keys.ARROW_UP, "Down": Keys.ARROW_DOWN, "Left": Keys.ARROW_LEFT,
+            "Right": Keys.ARROW_RIGHT}  # fmt: skip
+    body.send_keys(*[keys[n] for n in plan])
+    assert d_text(driver, "moves") == f"this turn: {', '.join(plan)} (3/3)"
+    body.send_keys(Keys.ARROW_UP)  # a fourth is refused: the turn is full
+    assert "at most 3 moves" in d_text(driver, "moves")
+    assert shown_step(driver) == 0
+    act_and_wait(driver, lambda: body.send_keys(Keys.ENTER), 0)
+    transition = env.step([Action(n) for n in plan])
+    assert shown_ground_truth(driver) == env.ground_truth()
+    assert len(timeline(driver)) == 2
+    card = timeline(driver)[1]
+    assert card.find_element(By.CLASS_NAME, "act").text == ", ".join(plan)
+    expected = " · ".join(f"{a['name']} {a['result']}" + (f" (box {a['box']})" if "box" in a else "")
+                          for a in transition.info["actions"])  # fmt: skip
+    assert card.find_element(By.CLASS_NAME, "results").text == expected
+    assert f"{transition.reward:.3f}" in d_text(driver, "reward")
+    assert d_text(driver, "moves") == ""
+    shoot(driver, tmp_path, "several_moves")
+    assert js_errors(driver) == []
+
+
+def test_frames_are_scaled_up_crisply_and_thumbnails_show_the_change(server, browser) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    driver = browser
+    open_page(driver, server, "sokoban", SEED, token=TOKEN)
+    img = driver.find_element(By.CSS_SELECTOR, "#view img")
+    wait_for(driver, lambda d: img.size["height"] >= 3 * 96, "the frame at 3x")
+    assert img.value_of_css_property("image-rendering") == "pixelated"
+    act_and_wait(
+        driver, lambda: driver.find_element(By.TAG_NAME, "body").send_keys(Keys.ARROW_LEFT), 0
+    )
+    canvas = timeline(driver)[1].find_element(By.CSS_SELECTOR, ".thumbs canvas")
+    wait_for(driver, lambda d: canvas.get_attribute("data-changed"), "the changed box")
+    x0, y0, x1, y1 = map(int, canvas.get_attribute("data-changed").split(","))
+    assert 0 < (x1 - x0 + 1) * (y1 - y0 + 1) <= 2 * 16 * 16 * 2  # one or two tiles: the move
+
+
+def test_primitive_skill_by_clicks(every_env_server, browser, tmp_path) -> None:
+    """A click on an object in the image writes its position (from the listed positions,
+    under the camera the observation names); the picked object is then held."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    open_page(driver, every_env_server, "primitive_skill", 4)
+    gt = shown_ground_truth(driver)
+    name, position = next(iter(gt["objects"].items()))
+    img = driver.find_element(By.CSS_SELECTOR, "#view figure.seen img")
+    wait_for(driver, lambda d: img.size["width"] > 0, "the image")
+    cam = driver.execute_script("return entries[entries.length - 1].after.info.camera")
+    px, py = driver.execute_script("return project(arguments[0], arguments[1])", cam, position)
+    scale = img.size["width"] / cam["size_px"]
+    box = driver.find_element(By.ID, "response")
+    box.send_keys("pick(")
+    ActionChains(driver).move_to_element_with_offset(
+        img, px * scale - img.size["width"] / 2, py * scale - img.size["height"] / 2
+    ).click().perform()
+    box.send_keys(")")
+    written = ", ".join(str(round(v)) for v in position)
+    assert box.get_attribute("value") == f"pick({written})"
+    assert f"the {name.replace('_', ' ')}" in d_text(driver, "clicked")
+    shoot(driver, tmp_path, "primitive_skill_click")
+    driver.find_element(By.ID, "response").clear()
+    driver.find_element(By.ID, "response").send_keys(
+        f"<think><observation>.</observation><reasoning>.</reasoning><prediction>.</prediction></think><answer>pick({written})</answer>"
+    )
+    act_and_wait(driver, driver.find_element(By.ID, "send").click, 0)
+    assert shown_ground_truth(driver)["holding"] == name, d_text(driver, "info")
+    assert js_errors(driver) == []
+
+
+def test_vicrit_ends_with_the_right_span_and_the_score(every_env_server, browser, tmp_path) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    open_page(driver, every_env_server, "vicrit", 2)
+    driver.find_element(By.ID, "template").click()
+    act_and_wait(driver, driver.find_element(By.ID, "send").click, 0)
+    wait_for(driver, lambda d: "episode over" in d_text(d, "status"), "the end")
+    env = make("vicrit")
+    env.reset(2)
+    span = env.ground_truth()["span"]
+    status = d_text(driver, "status")
+    assert f"the wrong span was “{span}”" in status and "score 0.000" in status, status
+    obs = d_text(driver, "obs")
+    assert f"The wrong span was {span!r}" in obs and "Score: 0" in obs, obs
+    assert "one document" not in d_text(driver, "prompt") + obs
+    shoot(driver, tmp_path, "vicrit_end")
+    assert js_errors(driver) == []
+
+
+def test_no_favicon_404(server) -> None:
+    reply = httpx.get(f"{server.url}/favicon.ico")
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith("image/svg+xml")

@@ -122,8 +122,11 @@ class PrimitiveSkillEnv(Environment):
         # the simulator modules load here, not at import: listing environments and
         # reading their action space needs no simulator
         from .controller import ArmController, Skills
+        from .render import camera_info
         from .scene import TabletopScene
         from .tasks import TASKS
+
+        self._camera_info = camera_info(self.config.image_size)
 
         self.task = TASKS[self.config.task]()
         self.scene = TabletopScene(self.task, image_size=self.config.image_size)
@@ -353,7 +356,7 @@ class PrimitiveSkillEnv(Environment):
             text="\n".join(parts),
             images=[self.scene.render_rgb()],
             ground_truth=gt,
-            info={"task": self.task.name, "turn": self.turn},
+            info={"task": self.task.name, "turn": self.turn, "camera": self._camera_info},
         )
 
     def system_prompt(self, format: ResponseFormat) -> str:

@@ -29,6 +29,13 @@ def camera(image_size: int) -> CameraConfig:
     return CameraConfig("render_camera", pose, image_size, image_size, CAMERA_FOV, 0.01, 100)
 
 
+def camera_info(image_size: int) -> dict[str, Any]:
+    """The render camera in the observation's info (metres, radians, pixels): the play
+    page turns a click on the image into table coordinates with it."""
+    return {"eye_m": list(CAMERA_EYE), "target_m": list(CAMERA_TARGET), "fov_rad": CAMERA_FOV,
+            "size_px": image_size}  # fmt: skip
+
+
 def to_rgb(frame: Any) -> np.ndarray:
     """A rendered frame (tensor or array, batched or not) as one RGB uint8 image."""
     if isinstance(frame, torch.Tensor):

@@ -120,6 +120,8 @@ class Episode:
     attempts: Attempts = field(default_factory=Attempts)
     answer: str | None = None  # the last answer, normalised
     success: bool = False
+    reward: float = 0.0  # the last answer's reward
+    f1: float = 0.0  # the last answer's token F1 against the span
 
 
 class VicritEnv(Environment):
@@ -163,6 +165,7 @@ class VicritEnv(Environment):
             cfg, key=key, correct=correct, base_reward=1.0 if correct else 0.0
         )
         ep.answer, ep.success = key, correct
+        ep.reward, ep.f1 = attempt.reward, cap.token_f1(answer or "", ep.item.span)
         if cfg.unary and not correct:
             observation = feedback_observation(cfg, self.ground_truth())
         else:
@@ -177,7 +180,7 @@ class VicritEnv(Environment):
             invalid_actions=invalid,
             info={
                 "exact_match": correct,
-                "f1": round(cap.token_f1(answer or "", ep.item.span), 6),
+                "f1": round(ep.f1, 6),
                 "answer": key,
                 "feedback": cfg.feedback,
                 **attempt.info(),
@@ -316,6 +319,17 @@ class VicritEnv(Environment):
             return None, [f"{ACTION}: the answer holds no words"]
         return action.payload, []
 
+    @staticmethod
+    def _verdict(ep: Episode) -> str:
+        """The text after the last answer: the right span, what the image shows, the score."""
+        item = ep.item
+        truly = f"; the image shows {item.original!r}" if item.original else ""
+        return (
+            f"{'Correct' if ep.success else 'Not correct'}. The wrong span was {item.span!r} "
+            f"(an error of {item.category}{truly}). Score: {ep.reward:g} "
+            f"(token F1 {ep.f1:.2f}). The episode has ended."
+        )
+
     def _episode(self) -> Episode:
         if self._ep is None:
             raise no_episode()
@@ -333,7 +347,7 @@ class VicritEnv(Environment):
                 text += f" You have {self.config.max_attempts} attempt(s)."
             images = [item.image]
         else:
-            text = "Correct." if ep.success else "Not correct. The episode has ended."
+            text = self._verdict(ep)
             images = []
         return Observation(
             text=text,
