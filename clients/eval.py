@@ -1,9 +1,10 @@
-"""Evaluate a model served behind an OpenAI-compatible endpoint on a visenv environment.
+"""Evaluate a model served behind an OpenAI-compatible endpoint on a visenv environment
+(or a baseline without a model: `visenv eval --policy random|oracle`).
 
     visenv eval --server 127.0.0.1:50051 --endpoint http://127.0.0.1:8001/v1 \\
         --model Qwen/Qwen2.5-VL-3B-Instruct --env sokoban --episodes 32 --out results.jsonl
 
-Runs the episodes through the SDK (`run_episodes` with `OpenAIPolicy`), writes them
+Runs the episodes through the SDK (`run_episodes` with the policy), writes them
 to an episode file (`clients/episodes.py`: one JSON line per episode, with every turn's
 images, response and reward parts; `/play` replays it) and prints a summary.
 An episode whose model calls or session failed is counted as failed, with its error; it never counts as a zero-reward episode.
@@ -12,6 +13,7 @@ An episode whose model calls or session failed is counted as failed, with its er
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +22,7 @@ from typing import Any
 from .client import AsyncEnvClient
 from .episodes import PARTS, episode_json, write_episodes
 from .openai_policy import OpenAIPolicy
-from .rollout import Trajectory, run_episodes
+from .rollout import Policy, PolicyInput, Trajectory, run_episodes
 
 # Level seeds. A training run with `run.seed` s plays levels s * SEEDS_PER_RUN + i; an
 # evaluation with seed s plays EVAL_SEED_BASE + s * SEEDS_PER_RUN + i. With s <= MAX_RUN_SEED
@@ -142,9 +144,41 @@ def print_summary(summary: Summary, title: str) -> None:
         console.print(f"{code}: {message}{more}", markup=False, highlight=False, soft_wrap=True)
 
 
+class ProgressLines:
+    """A policy that reports progress as lines on stderr (readable in a pipe or a log,
+    where a progress bar is not) and hands each batch on to `policy`: an episode seen
+    before and missing from a batch has finished."""
+
+    def __init__(self, policy: Policy, env: str, total: int, every_s: float = 5.0) -> None:
+        self.policy, self.env, self.total, self.every_s = policy, env, total, every_s
+        self.seen: set[int] = set()
+        self.reported = -1
+        self.last = 0.0
+
+    async def __call__(self, batch: list[PolicyInput]) -> Sequence[Any]:
+        import inspect
+        import time
+
+        live = {p.episode for p in batch}
+        done = len(self.seen - live)
+        self.seen |= live
+        now = time.monotonic()
+        if done != self.reported and now - self.last >= self.every_s:
+            self.line(done, len(live), max(p.turn for p in batch))
+            self.last = now
+        answers = self.policy(batch)
+        return await answers if inspect.isawaitable(answers) else answers
+
+    def line(self, done: int, playing: int, turn: int | None = None) -> None:
+        self.reported = done
+        at = f", turn {turn}" if turn is not None else ""
+        print(f"{self.env}: {done}/{self.total} episodes done, {playing} playing{at}",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+
 async def evaluate(
     servers: Sequence[str],
-    policy: OpenAIPolicy,
+    policy: Policy,
     env: str,
     seeds: Sequence[int],
     *,
@@ -156,12 +190,15 @@ async def evaluate(
     concurrency: int = 16,
     progress: bool | None = None,
 ) -> list[dict[str, Any]]:
-    """Run one episode per seed; returns one record per episode (see episode_record)."""
+    """Run one episode per seed; returns one record per episode (see episode_record).
+    progress: a progress bar on a terminal (None: when stderr is one), else lines."""
+    bar = progress if progress is not None else sys.stderr.isatty()
+    lines = None if bar else ProgressLines(policy, env, len(seeds))
     async with AsyncEnvClient(list(servers), transport=transport) as client:
         try:
             trajs = await run_episodes(
                 client,
-                policy,
+                lines or policy,
                 env,
                 seeds,
                 config=config,
@@ -170,25 +207,33 @@ async def evaluate(
                 max_turns=max_turns,
                 concurrency=concurrency,
                 on_error="record",
-                progress=progress,
+                progress=bar,
             )
         finally:
-            await policy.aclose()
+            if isinstance(policy, OpenAIPolicy):
+                await policy.aclose()
+    if lines is not None:
+        lines.line(len(trajs), 0)
     return [episode_record(t) for t in trajs]
 
 
 def run_eval(
     servers: Sequence[str],
-    policy: OpenAIPolicy,
+    policy: Policy,
     env: str,
     seeds: Sequence[int],
     out: str | Path | None = None,
+    *,
+    name: str | None = None,
     **options: Any,
 ) -> tuple[list[dict[str, Any]], Summary]:
-    """Evaluate, write the JSONL (when `out` is given) and print the summary."""
+    """Evaluate, write the JSONL (when `out` is given) and print the summary; `name`
+    names the policy in the summary's title."""
     records = asyncio.run(evaluate(servers, policy, env, seeds, **options))
-    if out is not None:
-        write_episodes(out, records)
     summary = summarize(records)
-    print_summary(summary, f"{env}: {policy.model} ({len(records)} episodes)")
+    title = name or (policy.model if isinstance(policy, OpenAIPolicy) else "policy")
+    print_summary(summary, f"{env}: {title} ({len(records)} episodes)")
+    if out is not None:
+        written = write_episodes(out, records)
+        print(f"wrote {written} episodes to {out}", flush=True)
     return records, summary
