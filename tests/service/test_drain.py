@@ -24,7 +24,9 @@ def test_a_drained_server_refuses_creates_and_serves_its_sessions(start_visenv_s
         assert refused.json()["error"]["code"] == "UNAVAILABLE"
         assert "draining" in refused.json()["error"]["message"]
 
-        stepped = http.post(f"/v1/sessions/{sid}/step", json={"step_index": 0, "actions": [{"name": "Up"}]})
+        stepped = http.post(
+            f"/v1/sessions/{sid}/step", json={"step_index": 0, "actions": [{"name": "Up"}]}
+        )
         assert stepped.status_code == 200, stepped.text
         health = http.get("/health").json()
         assert health["sessions"] == 1 and health["draining"] is True
