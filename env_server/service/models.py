@@ -43,42 +43,89 @@ from visenv.wire import (
 # ---------------------------------------------------------------------------- requests
 class _Strict(BaseModel):
     # non-finite numbers (JSON's NaN/Infinity literals, a proto double) are refused here,
-    # before anything is applied; free-form objects are walked by `_finite`
+    # before anything is applied; free-form objects are walked by `json_problem`
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # the seed rule of every environment (env_server.core.env.check_seed): an integer, not a
 # bool or a string, in [0, 2**63)
 Seed = Annotated[int, Strict(), Field(ge=0, lt=SEED_LIMIT)]
+Count = Annotated[int, Strict()]  # an integer on the wire: never "0", 0.0 or true
+
+# bounds of what one request may hold, checked here, before anything is applied (the same
+# on every transport; published in GET /v1/limits)
+MAX_JSON_DEPTH = 32  # nesting of a free-form object: config, reasoning, a peer's data part
+MAX_ACTION_ARGS = 16  # numbers of one explicit action (primitive_skill's push takes 6)
 
 
-def _finite(value: Any, where: str) -> Any:
-    """`value` (a free-form JSON object), or ValueError naming where a non-finite number sits."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{where}: {value} is not a finite number")
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _finite(item, f"{where}.{key}")
-    elif isinstance(value, list):
-        for n, item in enumerate(value):
-            _finite(item, f"{where}.{n}")
+def text_problem(value: str) -> str | None:
+    """Why `value` can't be written as UTF-8 (a lone surrogate, e.g. JSON's "\\ud800"), or None."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"not valid Unicode: a lone surrogate {value[exc.start]!r} at character {exc.start}"
+    return None
+
+
+def _text(value: str) -> str:
+    problem = text_problem(value)
+    if problem is not None:
+        raise PydanticCustomError("unicode", problem)
     return value
 
 
-def _finite_object(value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-    try:
-        return _finite(value, str(info.field_name))
-    except ValueError as exc:
-        raise PydanticCustomError("finite_number", str(exc)) from None
+Text = Annotated[str, AfterValidator(_text)]  # a string of valid Unicode
 
 
-FreeObject = Annotated[dict[str, Any], AfterValidator(_finite_object)]
+def json_problem(value: Any, where: str, depth: int = 1) -> str | None:
+    """Why a free-form JSON value can't be taken (nested deeper than MAX_JSON_DEPTH, a
+    number that is not finite, a string or key that is not valid Unicode), naming where;
+    None if it can."""
+    if isinstance(value, str):
+        problem = text_problem(value)
+        return f"{where}: {problem}" if problem else None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where}: {value} is not a finite number"
+    if isinstance(value, dict | list):
+        if depth > MAX_JSON_DEPTH:
+            return f"{where}: nested more than {MAX_JSON_DEPTH} deep (MAX_JSON_DEPTH)"
+        pairs = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in pairs:
+            problem = (isinstance(key, str) and text_problem(key)) or json_problem(
+                item, f"{where}.{key!s}"[:200], depth + 1
+            )
+            if problem:
+                return problem if problem.startswith(where) else f"{where}: key {problem}"
+    return None
+
+
+def _free_object(value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+    problem = json_problem(value, str(info.field_name))
+    if problem is not None:
+        raise PydanticCustomError("json_value", problem)
+    return value
+
+
+FreeObject = Annotated[dict[str, Any], AfterValidator(_free_object)]
+
+
+# Swagger UI's "Try it out" starts from each request model's first example (without one
+# it makes up `{"additionalProp1": {}}` for free-form objects, which is refused); each
+# succeeds as it stands (tests/api/test_openapi_examples.py executes them). The batch
+# examples name a session by an id of the right shape: paste a real one to play it.
+EXAMPLE_SESSION_ID = "s-0123456789abcdef.visenv-0.89abcdef"
+
+
+def _example(value: dict[str, Any]) -> ConfigDict:
+    return ConfigDict(json_schema_extra={"examples": [value]})
 
 
 class SessionOptions(_Strict):
     """Options of a new session (fixed at creation)."""
 
-    env: str = Field(description="Registry name, e.g. 'sokoban'.")
+    model_config = _example({"env": "sokoban", "seed": 7, "format": "no_think", "config": {}})
+
+    env: Text = Field(description="Registry name, e.g. 'sokoban'.")
     config: FreeObject = Field(default_factory=dict, description="The environment's config.")
     seed: Seed = Field(0, description="Seed of the first episode: an integer in [0, 2**63).")
     format: ResponseFormat = Field(
@@ -100,6 +147,8 @@ class SessionOptions(_Strict):
 class ResetBody(_Strict):
     """REST body of POST /v1/sessions/{id}/reset."""
 
+    model_config = _example({"seed": 8})
+
     seed: Seed | None = Field(None, description="Unset: the session's previous seed + 1.")
     image_encoding: ImageEncoding | None = Field(None, description="Override for this reply.")
 
@@ -109,27 +158,31 @@ class ResetBody(_Strict):
 
 
 class ResetItem(ResetBody):
-    session_id: str
+    session_id: Text
 
 
 class ActionModel(_Strict):
     """One explicit action of a step, as validated; the worker makes it the environment's
     `Action` (`visenv.wire.Action`) with the action space's spelling of its name."""
 
-    name: str = Field(description="An action name of the env's action space, e.g. 'Left'.")
-    args: list[float] = Field(
-        default_factory=list, description="Numbers of a call action, e.g. pick's x, y, z."
+    name: Text = Field(description="An action name of the env's action space, e.g. 'Left'.")
+    args: list[Annotated[float, Strict()]] = Field(
+        default_factory=list,
+        max_length=MAX_ACTION_ARGS,
+        description="Numbers of a call action, e.g. pick's x, y, z (none for the others).",
     )
-    payload: str | None = Field(None, description="The document of a document action (svg).")
+    payload: Text | None = Field(None, description="The document of a document action (svg).")
 
 
 class StepBody(_Strict):
     """REST body of POST /v1/sessions/{id}/step: a response text or explicit actions."""
 
-    step_index: int = Field(
+    model_config = _example({"step_index": 0, "response": "<answer>Left, Up</answer>"})
+
+    step_index: Count = Field(
         ge=0, description="The index the client believes is next (docs/wire.md)."
     )
-    response: str | None = Field(None, description="The agent's raw response text.")
+    response: Text | None = Field(None, description="The agent's raw response text.")
     actions: list[ActionModel] | None = Field(
         None,
         min_length=1,
@@ -149,11 +202,14 @@ class StepBody(_Strict):
 
 
 class StepItem(StepBody):
-    session_id: str
+    session_id: Text
 
 
 class BatchCreate(_Strict):
     """REST body of POST /v1/batch/create."""
+
+    model_config = _example({"items": [{"env": "sokoban", "seed": s, "format": "no_think"}
+                                       for s in (0, 1)]})  # fmt: skip
 
     items: list[dict[str, Any]] = Field(
         description="SessionOptions objects; each is validated and answered on its own."
@@ -163,11 +219,16 @@ class BatchCreate(_Strict):
 class BatchReset(_Strict):
     """REST body of POST /v1/batch/reset."""
 
+    model_config = _example({"items": [{"session_id": EXAMPLE_SESSION_ID, "seed": 3}]})
+
     items: list[dict[str, Any]] = Field(description="ResetItem objects: {session_id, seed?}.")
 
 
 class BatchStep(_Strict):
     """REST body of POST /v1/batch/step."""
+
+    model_config = _example({"items": [{"session_id": EXAMPLE_SESSION_ID, "step_index": 0,
+                                        "response": "<answer>Left</answer>"}]})  # fmt: skip
 
     items: list[dict[str, Any]] = Field(
         description="StepItem objects: {session_id, step_index, response | actions}."
@@ -176,6 +237,8 @@ class BatchStep(_Strict):
 
 class BatchClose(_Strict):
     """REST body of POST /v1/batch/close."""
+
+    model_config = _example({"session_ids": [EXAMPLE_SESSION_ID]})
 
     session_ids: list[str] = Field(description="The sessions to close; each answered alone.")
 
@@ -186,7 +249,9 @@ MAX_FORKS = 256  # per fork item; the session cap is checked as well
 class ForkBody(_Strict):
     """REST body of POST /v1/sessions/{id}/fork."""
 
-    n: int = Field(1, ge=1, le=MAX_FORKS, description="How many forks of the session to make.")
+    model_config = _example({"n": 2})
+
+    n: Count = Field(1, ge=1, le=MAX_FORKS, description="How many forks of the session to make.")
 
     def item(self, session_id: str) -> ForkItem:
         """This body as the item of `session_id` (validated already: not again)."""
@@ -194,11 +259,13 @@ class ForkBody(_Strict):
 
 
 class ForkItem(ForkBody):
-    session_id: str
+    session_id: Text
 
 
 class BatchFork(_Strict):
     """REST body of POST /v1/batch/fork."""
+
+    model_config = _example({"items": [{"session_id": EXAMPLE_SESSION_ID, "n": 2}]})
 
     items: list[dict[str, Any]] = Field(description="ForkItem objects: {session_id, n}.")
 
@@ -272,7 +339,7 @@ def _rebuild_error(code: str, message: str, field: str | None, error_id: str | N
 
 
 __all__ = [
-    "MAX_FORKS", "SEED_LIMIT", "Seed", "ActionModel", "BatchClose", "BatchCreate", "BatchFork", "BatchReset",
+    "MAX_ACTION_ARGS", "MAX_FORKS", "MAX_JSON_DEPTH", "SEED_LIMIT", "Seed", "Text", "json_problem", "ActionModel", "BatchClose", "BatchCreate", "BatchFork", "BatchReset",
     "BatchStep", "EnvSpec", "ForkBody", "ForkItem", "ImageEncoding",
     "ResetBody", "ResetItem", "Result", "RewardParts", "ServiceError", "SessionOptions", "SessionReply",
     "StepBody", "StepItem",
