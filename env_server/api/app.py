@@ -29,6 +29,7 @@ from env_server.service.settings import Settings
 from env_server.service.worker import LOG_FORMAT
 
 from .compat import LEGACY_PREFIX, add_compat_routes
+from .connections import ConnectionLimits, RateLimitedLog, default_max_connections, limited_http
 from .rest import build_app
 
 log = logging.getLogger("visenv.serve")
@@ -90,11 +91,14 @@ async def _announce_ready(
             took = time.monotonic() - started_at
             announce(f"visenv ready: every environment warm after {took:.1f} s")
             sys.stdout.flush()
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.1)  # gRPC health follows /health within this
 
 
 async def serve(settings: Settings, announce: Callable[[str], None] = print) -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # errors carry their ids there
+    for handler in logging.getLogger().handlers:  # no flood (accept errors...) fills a disk
+        handler.addFilter(RateLimitedLog(settings.log_burst, 60.0))
+    max_connections = settings.max_connections or default_max_connections()
     if settings.upstreams:  # gateway mode: the sessions live on the upstream servers
         service: SessionService = GatewayService(
             settings.upstreams,
@@ -128,6 +132,10 @@ async def serve(settings: Settings, announce: Callable[[str], None] = print) -> 
             timeout_graceful_shutdown=5,
             lifespan="off",
             ws_max_size=settings.max_request_bytes,  # OpenEnv's WebSocket messages
+            http=limited_http(
+                ConnectionLimits(settings.header_timeout, settings.body_timeout, max_connections)
+            ),
+            timeout_keep_alive=settings.keep_alive_timeout,
         )
         server = uvicorn.Server(config)
         server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
@@ -137,7 +145,20 @@ async def serve(settings: Settings, announce: Callable[[str], None] = print) -> 
         if build_grpc is not None:
             grpc_port = settings.grpc_port or _free_port(settings.host)
             address = f"{settings.host}:{grpc_port}"
-            grpc_server = build_grpc(service, address, settings.token, settings.max_request_bytes)
+            grpc_server = build_grpc(
+                service,
+                address,
+                settings.token,
+                settings.max_request_bytes,
+                options=[  # connection limits: as HTTP's (settings.py)
+                    ("grpc.max_allowed_incoming_connections", max_connections),
+                    ("grpc.server_handshake_timeout_ms", int(settings.header_timeout * 1000)),
+                    ("grpc.max_connection_idle_ms", int(settings.grpc_idle_timeout * 1000)),
+                    ("grpc.keepalive_time_ms", 60_000),  # dead peers found and closed
+                    ("grpc.keepalive_timeout_ms", 20_000),
+                    ("grpc.max_concurrent_streams", 1024),
+                ],
+            )
             await grpc_server.start()
             grpc_line = f"gRPC {_url_host(settings.host)}:{grpc_port}"
 
@@ -169,6 +190,8 @@ async def serve(settings: Settings, announce: Callable[[str], None] = print) -> 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        if isinstance(service, EnvService):  # SIGUSR1: drain (no new sessions)
+            loop.add_signal_handler(signal.SIGUSR1, service.drain)
         stop_task = asyncio.create_task(stop.wait())
         await asyncio.wait({http_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
         server.should_exit = True

@@ -385,11 +385,13 @@ def build_grpc_server(
     address: str,
     token: str | None,
     max_request_bytes: int | None = None,
+    options: Sequence[tuple[str, Any]] = (),
 ) -> grpc.aio.Server:
     """A grpc.aio server (not started) serving visenv.v1, health and reflection on
     `address` ("host:port"; port 0 picks a free one, found afterwards in `server.port`).
     Requests are capped at `max_request_bytes`, the same limit as REST's bodies (default:
-    `Settings.max_request_bytes`); a server and a gateway each pass their own."""
+    `Settings.max_request_bytes`); a server and a gateway each pass their own. `options`:
+    more grpc server options (app.serve's connection limits)."""
     receive = max_request_bytes or Settings().max_request_bytes
     server = grpc.aio.server(
         interceptors=[TokenInterceptor(token)] if token else [],
@@ -397,6 +399,7 @@ def build_grpc_server(
             ("grpc.max_send_message_length", MAX_SEND_BYTES),
             ("grpc.max_receive_message_length", receive),
             ("grpc.so_reuseport", 0),
+            *options,
         ],
     )
     server.visenv = VisenvServicer(service)  # type: ignore[attr-defined]

@@ -137,6 +137,43 @@ class Settings(BaseSettings):
         "(`piece_items`).",
     )
 
+    header_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a request's headers may take to arrive, from its first byte (a "
+        "new connection's: from connecting); then 408 and the connection closes (slow-loris). "
+        "Also gRPC's handshake.",
+    )
+    body_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds a REST request's body may take to arrive after its headers; then "
+        "408 and the connection closes.",
+    )
+    keep_alive_timeout: float = Field(
+        15.0, gt=0, description="Seconds an idle HTTP keep-alive connection is kept open."
+    )
+    grpc_idle_timeout: float = Field(
+        300.0,
+        gt=0,
+        description="Seconds an idle gRPC connection (no call) is kept open; a channel "
+        "reconnects by itself on its next call.",
+    )
+    max_connections: int | None = Field(
+        None,
+        ge=1,
+        description="Most open connections per transport (HTTP, gRPC); one beyond is answered "
+        "503 UNAVAILABLE (gRPC: refused) and closed at once (default: half of the descriptors "
+        "left after a reserve of 256, the soft limit raised to the hard one: never 'Too many "
+        "open files').",
+    )
+    log_burst: int = Field(
+        10,
+        ge=1,
+        description="Most log lines of one kind (logger and message) a minute; the next one "
+        "let through counts those dropped, so no flood fills a disk.",
+    )
+
     @field_validator("envs", "upstreams", "judge_urls", "prewarm", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
