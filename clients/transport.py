@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import grpc
 import httpx
@@ -276,12 +277,109 @@ class GrpcTransport(Transport):
         await self.rpc.aclose()
 
 
+# ---- splitting by the server's limits -------------------------------------------------
+
+T = TypeVar("T")
+Item = TypeVar("Item")
+
+
+class SplittingTransport(Transport):
+    """A transport whose batch calls are split into parts within the server's published
+    limits (`max_batch_items`, `max_request_bytes`: its /health or Status `limits`, read
+    once, at the first call of more than one item), sent concurrently (`PARALLEL` parts at
+    a time), their answers put back in order. A call that fits goes as it is. If a part of
+    a create fails whole, the sessions the other parts made are closed before it raises,
+    so no session is left open that the caller never heard of."""
+
+    PARALLEL = 4
+    BYTES_SHARE = 0.8  # of max_request_bytes: room for the envelope the estimate misses
+
+    def __init__(self, inner: Transport) -> None:
+        super().__init__(inner.address, inner.token, inner.timeout)
+        self.inner = inner
+        self._limits: tuple[int, int] | None = None  # (items, bytes)
+        self._parallel = asyncio.Semaphore(self.PARALLEL)
+
+    async def _limits_now(self) -> tuple[int, int]:
+        if self._limits is None:
+            limits = (await self.inner.status()).get("limits") or {}
+            items = int(limits.get("max_batch_items") or 4096)
+            size = int(int(limits.get("max_request_bytes") or 8 << 20) * self.BYTES_SHARE)
+            self._limits = (items, size)
+        return self._limits
+
+    async def _split(
+        self,
+        call: Callable[[list[Item]], Awaitable[list[T]]],
+        items: list[Item],
+        size_of: Callable[[Item], int] = lambda _: 64,
+    ) -> list[T]:
+        if len(items) <= 1:
+            return await call(items)
+        most, budget = await self._limits_now()
+        parts: list[list[Item]] = [[]]
+        used = 0
+        for item in items:
+            size = size_of(item)
+            if parts[-1] and (len(parts[-1]) >= most or used + size > budget):
+                parts.append([])
+                used = 0
+            parts[-1].append(item)
+            used += size
+        if len(parts) == 1:
+            return await call(items)
+
+        async def one(part: list[Item]) -> list[T]:
+            async with self._parallel:
+                return await call(part)
+
+        answers = await asyncio.gather(*(one(p) for p in parts), return_exceptions=True)
+        failed = [a for a in answers if isinstance(a, BaseException)]
+        if failed:
+            if call == self.inner.create:  # close what the parts that succeeded made
+                made = [r.session_id for a in answers if isinstance(a, list) for r in a
+                        if isinstance(r, SessionReply)]  # fmt: skip
+                await asyncio.gather(self.close(made), return_exceptions=True)
+            raise failed[0]
+        return [answer for part in answers for answer in part]  # type: ignore[union-attr]
+
+    async def list_envs(self) -> list[EnvSpec]:
+        return await self.inner.list_envs()
+
+    async def status(self) -> dict[str, Any]:
+        return await self.inner.status()
+
+    async def create(self, items: list[SessionOptions]) -> list[ItemResult]:
+        return await self._split(self.inner.create, items, lambda o: len(json.dumps(o.to_json())))
+
+    async def reset(self, items: list[tuple[str, int | None]]) -> list[ItemResult]:
+        return await self._split(self.inner.reset, items)
+
+    async def step(self, items: list[StepItem]) -> list[ItemResult]:
+        return await self._split(self.inner.step, items, lambda i: len(json.dumps(i.to_json())))
+
+    async def get(self, session_ids: list[str]) -> list[ItemResult]:
+        return await self._split(self.inner.get, session_ids)
+
+    async def close(self, session_ids: list[str]) -> list[VisenvError | None]:
+        return await self._split(self.inner.close, session_ids)
+
+    async def frame(self, session_ids: list[str]) -> list[bytes | VisenvError]:
+        return await self._split(self.inner.frame, session_ids)
+
+    async def fork(self, items: list[tuple[str, int]]) -> list[ForkResult]:
+        return await self._split(self.inner.fork, items)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 def make_transport(
     address: str, default: str, token: str | None, timeout: float, grpc_stream: bool = True
 ) -> Transport:
     """A transport for `address`: "grpc://host:port", "http://host:port", or bare
     "host:port" with the `default` kind ("grpc" or "http"). `grpc_stream`: see
-    `GrpcTransport`."""
+    `GrpcTransport`. Its batch calls split by the server's limits (`SplittingTransport`)."""
     kind = default
     if "://" in address:
         scheme = address.split("://", 1)[0].lower()
@@ -291,10 +389,17 @@ def make_transport(
                 f"unknown scheme in server address {address!r} (use http:// or grpc://)"
             )
     if kind == "http":
-        return HttpTransport(address, token, timeout)
+        return SplittingTransport(HttpTransport(address, token, timeout))
     if kind == "grpc":
-        return GrpcTransport(address, token, timeout, stream=grpc_stream)
+        return SplittingTransport(GrpcTransport(address, token, timeout, stream=grpc_stream))
     raise ValueError(f"unknown transport {default!r}; use 'grpc' or 'http'")
 
 
-__all__ = ["GrpcTransport", "HttpTransport", "StepItem", "Transport", "make_transport"]
+__all__ = [
+    "GrpcTransport",
+    "HttpTransport",
+    "SplittingTransport",
+    "StepItem",
+    "Transport",
+    "make_transport",
+]
