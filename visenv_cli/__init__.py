@@ -8,6 +8,7 @@ visenv envs
 visenv train CONFIG          (provided by trainer/cli.py)
 visenv eval --server 127.0.0.1:50051 --endpoint http://127.0.0.1:8001/v1 --model NAME
 visenv levels sokoban --seeds 0:200 --out levels.jsonl [--policy random --server HOST:PORT]
+visenv verl-data --env sokoban --env frozenlake --out data/visenv   (visenv_cli/verl.py)
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Annotated
 
 import typer
 import typer.core
+
+from visenv_cli.verl import verl_data
 
 
 def _flag_type(self: typer.core.TyperOption, ctx: typer.core._click.Context) -> str | None:
@@ -240,10 +243,6 @@ def _config_option(text: str) -> dict:
 @app.command("eval")
 # fmt: off
 def eval_model(
-    endpoint: Annotated[
-        str, typer.Option(help="OpenAI-compatible API root, e.g. http://127.0.0.1:8001/v1 (vLLM).")
-    ],
-    model: Annotated[str, typer.Option(help="The served model name.")],
     server: Annotated[
         list[str],
         typer.Option(
@@ -252,6 +251,19 @@ def eval_model(
         ),
     ],
     env: Annotated[str, typer.Option(help="Environment name (see `visenv envs`).")] = "sokoban",
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="openai: the model at --endpoint/--model; random: uniform moves (discrete "
+            "actions); oracle: the environment's own expert. random and oracle need no model "
+            "and answer in no_think."
+        ),
+    ] = "openai",
+    endpoint: Annotated[
+        str | None,
+        typer.Option(help="OpenAI-compatible API root, e.g. http://127.0.0.1:8001/v1 (vLLM)."),
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="The served model name.")] = None,
     config: Annotated[
         str,
         typer.Option(
@@ -320,24 +332,26 @@ def eval_model(
         ),
     ] = None,
 ) -> None:  # fmt: on
-    """Evaluate a model behind an OpenAI-compatible endpoint on held-out levels.
+    """Evaluate a model behind an OpenAI-compatible endpoint (or a random or oracle
+    baseline: --policy) on held-out levels.
 
-    Prints the success rate, return, reward parts, valid actions, world-model scores and
-    failed episodes (with the cause of each error code). Exits 1 if every episode failed."""
+    Prints progress (a bar on a terminal, lines when piped), then the success rate, return,
+    reward parts, valid actions, world-model scores and failed episodes (with the cause of
+    each error code), and where --out was written. Exits 1 if every episode failed."""
     from clients.eval import eval_level_seeds, run_eval
-    from clients.openai_policy import OpenAIPolicy
 
     env_config = _config_option(config)
-    policy = OpenAIPolicy(
-        endpoint, model, api_key_env=api_key_env, temperature=temperature,
-        max_tokens=max_tokens, timeout=timeout, max_concurrency=concurrency, retries=retries,
+    chosen, name, format = _eval_policy(
+        policy, env, env_config, server, format, endpoint, model,
+        dict(api_key_env=api_key_env, temperature=temperature, max_tokens=max_tokens,
+             timeout=timeout, max_concurrency=concurrency, retries=retries),
     )  # fmt: skip
     try:
         _, summary = run_eval(
-            server, policy, env,
+            server, chosen, env,
             eval_level_seeds(seed, episodes) if first_level is None
             else range(first_level, first_level + episodes),
-            out, transport=transport,
+            out, name=name, transport=transport,
             format=format, representation=representation, max_turns=max_turns,
             concurrency=concurrency, config=env_config,
         )  # fmt: skip
@@ -346,6 +360,42 @@ def eval_model(
         raise typer.Exit(1) from None
     if summary.failed == summary.episodes:
         raise typer.Exit(1)
+
+
+def _eval_policy(
+    policy: str, env: str, config: dict, servers: list[str], format: str | None,
+    endpoint: str | None, model: str | None, openai_options: dict,
+) -> tuple[object, str, str | None]:  # fmt: skip
+    """`visenv eval --policy`: the policy, its name in the summary, and the format."""
+    if policy == "openai":
+        if not (endpoint and model):
+            raise typer.BadParameter("--policy openai needs --endpoint and --model "
+                                     "(or --policy random / oracle: no model)")  # fmt: skip
+        from clients.openai_policy import OpenAIPolicy
+
+        return OpenAIPolicy(endpoint, model, **openai_options), model, format
+    if policy not in ("random", "oracle"):
+        raise typer.BadParameter(f"--policy must be openai, random or oracle, not {policy!r}")
+    if format not in (None, "no_think"):
+        raise typer.BadParameter(f"--policy {policy} answers in no_think, not {format}")
+    try:
+        if policy == "oracle":
+            with _server_extra("eval --policy oracle"):
+                from visenv_cli.policies import OraclePolicy
+            return OraclePolicy(env, config), "oracle", "no_think"
+        from clients import EnvClient
+        from visenv_cli.policies import RandomPolicy
+
+        with EnvClient(servers) as client:
+            spec = next((s for s in client.list_envs() if s.name == env), None)
+        if spec is None:
+            raise ValueError(f"no server offers {env!r}")
+        return RandomPolicy(spec.action_space or {}), "random", "no_think"
+    except typer.Exit:
+        raise
+    except Exception as exc:  # unknown env, bad config, no server, non-discrete actions
+        typer.secho(f"visenv eval: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command("levels")
@@ -462,6 +512,9 @@ def _oracle_length(env: str, config: dict, seed: int) -> int | None:
                 return actions if transition.success else None
     finally:
         instance.close()
+
+
+app.command("verl-data")(verl_data)
 
 
 def main() -> None:
