@@ -12,11 +12,14 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import TOKEN, spawn, wait_ready, worker_config
+import yaml
+from conftest import TOKEN, VERL_CONFIG, spawn, wait_ready, worker_config
+from hydra import compose, initialize_config_dir
 from tiny_model import HFServerManager
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 from verl.protocol import DataProto
@@ -202,3 +205,32 @@ def test_a_server_killed_mid_episode_restarts_or_flags(model_path, tmp_path):
 def test_a_bad_row_is_refused_naming_the_key(row, named):
     with pytest.raises(ValueError, match=named):
         EpisodeSpec.from_row(row)
+
+
+RECIPE = Path(__file__).resolve().parents[1] / "examples" / "verl"
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "ppo"])
+def test_the_gpu_recipe_is_a_valid_verl_config(estimator, tmp_path):
+    """examples/verl/run_qwen2_5_vl_3b.sh (GPU only, not run here) hands verl overrides that
+    compose with verl's own trainer config, and its agent-loop file names our loop. The
+    script runs for real; only its last command, `python -m verl.trainer.main_ppo`, is
+    caught by a `python` on PATH that records its arguments."""
+    (tmp_path / "python").write_text('#!/bin/sh\nprintf "%s\\0" "$@" > "$ARGS_OUT"\n')
+    (tmp_path / "python").chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path}:{os.environ['PATH']}",
+        "ARGS_OUT": str(tmp_path / "args"),
+    }
+    subprocess.run(["bash", str(RECIPE / "run_qwen2_5_vl_3b.sh"), estimator], env=env, check=True)
+    args = [a.decode() for a in (tmp_path / "args").read_bytes().split(b"\0")[:-1]]
+    assert args[:2] == ["-m", "verl.trainer.main_ppo"]
+    with initialize_config_dir(config_dir=str(VERL_CONFIG), version_base=None):
+        config = compose("ppo_trainer", overrides=args[2:])
+    assert config.algorithm.adv_estimator == {"grpo": "grpo", "ppo": "gae"}[estimator]
+    assert config.actor_rollout_ref.rollout.agent.default_agent_loop == "visenv"
+    entries = yaml.safe_load(
+        Path(config.actor_rollout_ref.rollout.agent.agent_loop_config_path).read_text()
+    )
+    assert [e["_target_"] for e in entries] == ["clients.verl_agent_loop.VisenvAgentLoop"]
