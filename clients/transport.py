@@ -312,7 +312,6 @@ class SplittingTransport(Transport):
         self,
         call: Callable[[list[Item]], Awaitable[list[T]]],
         items: list[Item],
-        size_of: Callable[[Item], int] = lambda _: 64,
     ) -> list[T]:
         if len(items) <= 1:
             return await call(items)
@@ -320,7 +319,7 @@ class SplittingTransport(Transport):
         parts: list[list[Item]] = [[]]
         used = 0
         for item in items:
-            size = size_of(item)
+            size = len(repr(item))  # about its wire size (JSON or protobuf), cheaply
             if parts[-1] and (len(parts[-1]) >= most or used + size > budget):
                 parts.append([])
                 used = 0
@@ -350,13 +349,13 @@ class SplittingTransport(Transport):
         return await self.inner.status()
 
     async def create(self, items: list[SessionOptions]) -> list[ItemResult]:
-        return await self._split(self.inner.create, items, lambda o: len(json.dumps(o.to_json())))
+        return await self._split(self.inner.create, items)
 
     async def reset(self, items: list[tuple[str, int | None]]) -> list[ItemResult]:
         return await self._split(self.inner.reset, items)
 
     async def step(self, items: list[StepItem]) -> list[ItemResult]:
-        return await self._split(self.inner.step, items, lambda i: len(json.dumps(i.to_json())))
+        return await self._split(self.inner.step, items)
 
     async def get(self, session_ids: list[str]) -> list[ItemResult]:
         return await self._split(self.inner.get, session_ids)

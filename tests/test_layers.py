@@ -33,6 +33,8 @@ ALLOWED = {
         "visenv", "env_server.core", "env_server.reasoning", "env_server.service",
         "env_server.envs",
     },
+    # visenv servers as Ray actors: each runs `visenv serve` through the one launcher
+    "env_server.ray": {"visenv", "env_server.testing"},
     "visenv_cli": {"visenv", "clients", "trainer", "env_server"},
 }  # fmt: skip
 

@@ -86,7 +86,9 @@ def launch_server(**kwargs) -> VisenvServer:
     e.g. an image's ENV; flags given here win), timeout (90 s, to ready), ready ("warm",
     "answers" or "banner"), cwd (the checkout to serve; the repository's own by default),
     inherit_env (False: the server sees no VISENV_* variable of this process, and offers
-    the test-only `tiny` environment; True: this process's environment as it is)."""
+    the test-only `tiny` environment; True: this process's environment as it is),
+    die_with_parent (the server is killed when the thread that started it ends: an owner
+    that may itself be killed, e.g. a Ray actor, leaves no server behind; Linux)."""
     return launch_servers(kwargs)[0]
 
 
@@ -122,6 +124,7 @@ def _spawn(
     ready: Ready = "warm",
     cwd: Path = ROOT,
     inherit_env: bool = False,
+    die_with_parent: bool = False,
 ):
     if inherit_env:
         env = dict(os.environ)
@@ -145,7 +148,7 @@ def _spawn(
     started = time.monotonic()
     proc = subprocess.Popen(
         cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
+        start_new_session=True, preexec_fn=_die_with_parent if die_with_parent else None,
     )  # fmt: skip
     lines: list[str] = []
     found: list[tuple[re.Match, float]] = []
@@ -160,6 +163,13 @@ def _spawn(
 
     threading.Thread(target=read, daemon=True).start()
     return proc, lines, found, token, started, timeout, ready
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the parent goes (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
 def _wait_ready(proc, lines, found, token, started, deadline, ready) -> VisenvServer:
