@@ -8,7 +8,7 @@ each with its own channel, sending a one-item `StepRequest` as fast as answers c
 as unary `Step` calls, then as messages on one `Calls`-shaped stream per client. Reported
 per variant: calls/s and CPU microseconds per call of the server process and of this
 process (the clients). The difference is what a per-session agent loop saves per step by
-using the stream (docs/performance.md, "per-session gRPC over one stream").
+using the stream (docs/experiments/2026-12-02-issue-28-cheaper-step.md, "per-session gRPC over one stream").
 
     python bench/bench_grpc_floor.py                 # 64 clients, 8 s per variant
     python bench/bench_grpc_floor.py --rounds 2      # alternate the variants
