@@ -332,8 +332,9 @@ def eval_model(
         ),
     ] = None,
 ) -> None:  # fmt: on
-    """Evaluate a model behind an OpenAI-compatible endpoint (or a random or oracle
-    baseline: --policy) on held-out levels.
+    """Evaluate a model (or a random or oracle baseline: --policy) on held-out levels.
+
+    The model is served behind an OpenAI-compatible endpoint (--endpoint, --model).
 
     Prints progress (a bar on a terminal, lines when piped), then the success rate, return,
     reward parts, valid actions, world-model scores and failed episodes (with the cause of
