@@ -20,7 +20,7 @@ from clients import (
     VisenvError,
 )
 from clients.errors import error_from_code
-from clients.transport import GrpcTransport, HttpTransport, make_transport
+from clients.transport import GrpcTransport, HttpTransport, SplittingTransport, make_transport
 from clients.types import SessionReply
 from visenv.v1 import visenv_pb2 as pb
 
@@ -56,8 +56,9 @@ def test_transport_is_picked_by_scheme():
             await t.aclose()
         return made
 
-    kinds = [type(t) for t in asyncio.run(make_all())]  # grpc.aio channels need a loop
-    assert kinds == [HttpTransport, HttpTransport, GrpcTransport]
+    made = asyncio.run(make_all())  # grpc.aio channels need a loop
+    assert all(isinstance(t, SplittingTransport) for t in made)  # split by the server's limits
+    assert [type(t.inner) for t in made] == [HttpTransport, HttpTransport, GrpcTransport]
     with pytest.raises(ValueError, match="scheme"):
         make_transport("ftp://h:1", "grpc", None, 1.0)
 
