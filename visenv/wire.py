@@ -413,6 +413,8 @@ def json_object(text: str, field: str) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidField(field, f"{field}: not valid JSON ({exc})") from None
+    except RecursionError:  # the server bounds nesting far below this (MAX_JSON_DEPTH)
+        raise InvalidField(field, f"{field}: JSON nested too deep to parse") from None
     if not isinstance(value, dict):
         raise InvalidField(field, f"{field}: must be a JSON object")
     return value

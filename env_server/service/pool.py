@@ -568,6 +568,11 @@ class WorkerPool:
         except WorkerLost as exc:
             lost = ServiceError("SESSION_LOST", f"the session's worker process died: {exc}")
             return [lost] * len(batch)
+        except Exception as exc:  # e.g. a message that can't be pickled: a bug, never raised
+            # out of the batch, so that each item answers (and a create frees its slot)
+            return [ServiceError.internal(exc, f"sending {type(batch[0]).__name__}", log)] * len(
+                batch
+            )
         if isinstance(answers, ServiceError):  # the worker could not read the message
             return [answers] * len(batch)
         return answers
