@@ -163,8 +163,8 @@ class Environment(ABC):
       overridden to grade them itself (then `grading` may be None);
     - `render_answer(action)`: the picture an agent's answer draws, where there is one
       (the svg environment renders the agent's SVG); None otherwise;
-    - `state_prompt(rep)`, `fork_tolerance`, `fixed_ground_truth`, `unavailable_reason()`,
-      `_snapshot` / `_restore` where they differ from the defaults.
+    - `state_prompt(rep)`, `fork_tolerance`, `fixed_ground_truth`, `thread_bound`,
+      `unavailable_reason()`, `_snapshot` / `_restore` where they differ from the defaults.
 
     What the base class does, in one place, for every environment (as gymnasium's
     `TimeLimit` and `PassiveEnvChecker` do around an `Env`):
@@ -202,6 +202,10 @@ class Environment(ABC):
     # walls, handed out as the same objects every step of an episode): the worker checks
     # and encodes such a value once, while the ground truth holds that same object
     fixed_ground_truth: ClassVar[frozenset[str]] = frozenset()
+    # True when instances hold state bound to the thread that made them (an OpenGL
+    # context is current in one thread at a time): a worker builds, steps and pre-warms
+    # such an environment on its main thread only, never in its pre-warm thread
+    thread_bound: ClassVar[bool] = False
 
     def __init__(self, config: EnvConfig | None = None) -> None:
         self.config = config if config is not None else self.Config()

@@ -136,7 +136,9 @@ class Stop:
 # ---- worker -> API process --------------------------------------------------------
 @message
 class Ready:
-    """The worker's first message: its pid (`warmed` is empty: `Warmed` notices follow)."""
+    """The worker's first message: its pid, and the environments it warmed before it
+    (those bound to its main thread: `Environment.thread_bound`); `Warmed` notices for
+    the others follow."""
 
     pid: int
     warmed: dict[str, float | str]

@@ -169,6 +169,8 @@ class WorkerHandle:
             raise RuntimeError(f"worker {self.index} failed to start: {exc!r}") from exc
         assert isinstance(ready, Ready)
         self.pid = ready.pid
+        self.warmed.update(ready.warmed)  # warmed before Ready (thread-bound envs)
+        self.warming -= set(ready.warmed)
         self.alive = True
         self._read_task = asyncio.create_task(self._read_loop(), name=f"worker-{self.index}-read")
 
@@ -642,7 +644,13 @@ def worker_main(
     # what exists now (modules) lives as long as the process: out of every later
     # collection (full ones over it took 100-300 ms under load: step tails)
     gc.freeze()
-    conn.send_bytes(envelope(0, Ready(os.getpid(), {})))
+    # an environment bound to its thread (OpenGL) is warmed here, on the main thread,
+    # before Ready (seconds, at start only); the others behind Ready, in a thread
+    first = worker.prewarm([name for name in prewarm if worker.thread_bound(name)])
+    prewarm = [name for name in prewarm if name not in first]
+    if first and not prewarm:
+        gc.freeze()  # the pre-warmed simulators, too
+    conn.send_bytes(envelope(0, Ready(os.getpid(), first)))
     sending = threading.Lock()  # the pre-warm thread's notices and the answers share the pipe
 
     def send(data: bytes) -> None:

@@ -8,7 +8,9 @@ answers a batch, dispatching each message on its type. Before its first answer a
 says `Ready`, then pre-warms the heavy environments it was given (see `Worker.prewarm`)
 one by one in a thread of its own (`Worker.prewarm_behind`), with a `Warmed` notice after
 each, while its main thread answers messages: a light environment is served at once, and
-only a create of an environment still warming waits for that warm-up.
+only a create of an environment still warming waits for that warm-up. An environment
+bound to its thread (`Environment.thread_bound`: navigation's OpenGL context) is warmed
+on the main thread before `Ready` instead.
 """
 
 from __future__ import annotations
@@ -142,6 +144,13 @@ class Worker:
             took[name] = round(time.perf_counter() - started, 3)
             log.info("pre-warmed %s in %.2f s", name, took[name])
         return took
+
+    def thread_bound(self, name: str) -> bool:
+        """Whether `name`'s environments must live on this process's main thread."""
+        try:
+            return self._env_class(name).thread_bound
+        except Exception:  # noqa: BLE001  (unavailable or broken: `prewarm` says why)
+            return False
 
     def prewarm_behind(
         self, names: Sequence[str], warmed: Callable[[str, float | str], None]

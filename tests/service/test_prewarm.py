@@ -36,3 +36,35 @@ def test_prewarmed_env_creates_cold_and_the_other_says_it_paid():
             await service.stop()
 
     asyncio.run(main())
+
+
+def test_a_prewarmed_navigation_world_renders_its_own_picture():
+    """navigation (OpenGL: its context is current in one thread at a time) is warmed on the
+    worker's main thread: warmed in the pre-warm thread, its pooled world rendered another
+    world's picture in the main thread, and a fork's frames differed from its source's."""
+    from env_server.core import registry
+    from env_server.service.images import decode_image
+
+    local = registry.load("navigation")()
+    expected = local.reset(3).images[0]
+    local.close()
+
+    async def main():
+        settings = Settings(workers=1, envs=["navigation"], prewarm=["navigation"])
+        service = EnvService(settings)
+        await service.start()
+        try:
+            assert await service.wait_ready(120) == {"navigation": True}
+            (worker,) = (await service.health())["workers"]
+            assert isinstance(worker["prewarmed"]["navigation"], float)
+            first, second = await service.create(
+                [{"env": "navigation", "seed": 3}, {"env": "navigation", "seed": 3}]
+            )
+            for reply in (first, second):
+                assert isinstance(reply, SessionReply), reply
+                assert (decode_image(reply.observation.images[0]) == expected).all()
+            await service.close([first.session_id, second.session_id])
+        finally:
+            await service.stop()
+
+    asyncio.run(main())

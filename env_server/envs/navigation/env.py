@@ -115,6 +115,9 @@ class NavigationEnv(Environment):
         "instruction describes (five task sets; MiniWorld, or AI2-THOR where available)."
     )
     grading: ClassVar[GradingSpec] = grading.GRADING
+    # MiniWorld renders through an EGL context, which is current in one thread at a time:
+    # a world pre-warmed in another thread rendered another world's picture in this one
+    thread_bound = True
 
     config: NavigationConfig
 
