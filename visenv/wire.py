@@ -1163,6 +1163,10 @@ class Limits(TypedDict):
     """Most explicit actions in one step item (INVALID_ARGUMENT, `actions`, beyond)."""
     max_forks_per_item: int
     """Most copies one fork item may ask for."""
+    max_json_depth: NotRequired[int]
+    """Deepest nesting of a free-form object (config, reasoning, a peer's data part)."""
+    max_action_args: NotRequired[int]
+    """Most numbers in one explicit action (actions that take none refuse any)."""
     max_sessions: int
     """Most sessions this server holds at once (CAPACITY beyond)."""
     items_per_worker_message: int

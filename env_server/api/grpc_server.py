@@ -154,6 +154,17 @@ def _call_error(servicer: VisenvServicer, exc: Exception, name: str) -> ServiceE
     return error
 
 
+class Undecodable:
+    """A request protobuf could not parse (e.g. a string field whose bytes are not UTF-8):
+    what the servicer gets instead of the message (`DecodeInterceptor`), and answers with
+    INVALID_ARGUMENT rather than grpc's UNKNOWN."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = ServiceError(
+            "INVALID_ARGUMENT", f"the request can't be parsed as its protobuf message: {error}"
+        )
+
+
 def _structured_errors(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """A whole-call failure answers a structured error (wire code in the trailing
     metadata), never a bare UNKNOWN status. (`Calls` runs the undecorated method,
@@ -162,6 +173,8 @@ def _structured_errors(method: Callable[..., Awaitable[Any]]) -> Callable[..., A
     @functools.wraps(method)
     async def wrapper(self: VisenvServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            if isinstance(request, Undecodable):
+                raise request.error
             return await method(self, request, context)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
@@ -294,9 +307,14 @@ class VisenvServicer(pb_grpc.VisenvServicer):
         stream = _CallStream()
         self._streams.add(stream)
 
+        undecodable: list[Undecodable] = []
+
         async def read() -> None:
             try:
                 async for request in requests:
+                    if isinstance(request, Undecodable):  # the stream ends with its error
+                        undecodable.append(request)
+                        break
                     await stream.room.acquire()
                     stream.start(self._answer(request, context))
             finally:
@@ -310,6 +328,8 @@ class VisenvServicer(pb_grpc.VisenvServicer):
         finally:
             self._streams.discard(stream)
             stream.reader.cancel()
+        if undecodable:
+            await _abort(context, "INVALID_ARGUMENT", undecodable[0].error.message)
 
     async def _answer(
         self, request: pb.CallRequest, context: grpc.aio.ServicerContext
@@ -340,11 +360,46 @@ class VisenvServicer(pb_grpc.VisenvServicer):
                 stream.reader.cancel()
 
 
+def _handler(handler: Any, behaviour: Callable | None, deserializer: Callable) -> Any:
+    """`handler` (grpc's RpcMethodHandler) with `behaviour` (None: its own) and
+    `deserializer` in place of its own."""
+    kw = {"request_deserializer": deserializer, "response_serializer": handler.response_serializer}
+    for kind, make in (
+        ("unary_unary", grpc.unary_unary_rpc_method_handler),
+        ("unary_stream", grpc.unary_stream_rpc_method_handler),
+        ("stream_unary", grpc.stream_unary_rpc_method_handler),
+        ("stream_stream", grpc.stream_stream_rpc_method_handler),
+    ):
+        if getattr(handler, kind):
+            return make(behaviour or getattr(handler, kind), **kw)
+    return handler
+
+
+class DecodeInterceptor(grpc.aio.ServerInterceptor):
+    """Visenv's requests that protobuf can't parse reach the servicer as `Undecodable`
+    (answered INVALID_ARGUMENT), instead of failing in grpc with UNKNOWN."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or not handler_call_details.method.startswith("/visenv.v1.Visenv/"):
+            return handler
+        parse = handler.request_deserializer
+
+        def lenient(data: bytes) -> Any:
+            try:
+                return parse(data)
+            except Exception as exc:  # protobuf's DecodeError (of either implementation)
+                return Undecodable(exc)
+
+        return _handler(handler, None, lenient)
+
+
 class TokenInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses every call without `authorization: Bearer <token>`, except health."""
+    """Refuses every call without `authorization: Bearer <token>`, except health; the
+    scheme is case-insensitive (RFC 7235), as on REST and the WebSocket."""
 
     def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+        self._expected = token.encode()
 
     def _authorized(self, details: grpc.HandlerCallDetails) -> bool:
         if details.method.startswith(OPEN_METHOD_PREFIXES):
@@ -352,7 +407,10 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         for key, value in details.invocation_metadata or ():
             if key == "authorization":
                 given = value.encode() if isinstance(value, str) else value
-                return hmac.compare_digest(given, self._expected)
+                scheme, _, credential = given.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(
+                    credential.strip(), self._expected
+                )
         return False
 
     async def intercept_service(self, continuation, handler_call_details):
@@ -367,17 +425,8 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         async def deny_stream(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
             await _abort(context, "UNAUTHENTICATED", message)
 
-        kw = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(deny_unary, **kw)
-        if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(deny_unary, **kw)
-        if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(deny_stream, **kw)
-        return grpc.stream_stream_rpc_method_handler(deny_stream, **kw)
+        deny = deny_stream if handler.stream_unary or handler.stream_stream else deny_unary
+        return _handler(handler, deny, handler.request_deserializer)
 
 
 def build_grpc_server(
@@ -394,7 +443,7 @@ def build_grpc_server(
     more grpc server options (app.serve's connection limits)."""
     receive = max_request_bytes or Settings().max_request_bytes
     server = grpc.aio.server(
-        interceptors=[TokenInterceptor(token)] if token else [],
+        interceptors=[DecodeInterceptor(), *([TokenInterceptor(token)] if token else [])],
         options=[
             ("grpc.max_send_message_length", MAX_SEND_BYTES),
             ("grpc.max_receive_message_length", receive),

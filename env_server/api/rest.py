@@ -5,7 +5,10 @@
 Errors answer `{"error": {"code", "message", "field"}}` with the HTTP status of
 docs/wire.md; request validation errors (including malformed JSON) are 422 naming
 the field; bodies over the limit are 413; a missing or wrong bearer token is 401
-(every route but /health and the static pages /play, /docs needs it when a token is set).
+(every route but /health and the public pages needs it when a token is set: `/`, which
+leads to /play, the play page and /docs are pages a browser opens without a header; the
+play page asks for the token and sends it with each API call). The bearer scheme is
+case-insensitive (RFC 7235), as on gRPC and the WebSocket; a 405 carries `Allow`.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from env_server.service.protocol import SessionService
 from visenv import wire
 
 from .compat.common import PREFIX as COMPAT_PREFIX
-from .compat.common import presented_token
+from .compat.common import SafeJSONResponse, json_bytes, presented_token
 
 log = logging.getLogger("visenv.rest")
 STATIC = Path(__file__).parent / "static"
@@ -66,7 +69,7 @@ OPEN_PATHS = ("/health", "/play", "/static/", "/docs", "/static-offline-docs/", 
 
 
 def error_response(error: ServiceError) -> JSONResponse:
-    return JSONResponse({"error": error.to_json()}, status_code=error.http_status)
+    return SafeJSONResponse({"error": error.to_json()}, status_code=error.http_status)
 
 
 class TokenSizeMiddleware:
@@ -94,7 +97,7 @@ class TokenSizeMiddleware:
         self.open_prefixes = open_prefixes
 
     def _is_open(self, path: str) -> bool:
-        if path.startswith(OPEN_PATHS + self.open_prefixes):
+        if path == "/" or path.startswith(OPEN_PATHS + self.open_prefixes):  # `/`: to /play
             return True
         return path.startswith(COMPAT_PREFIX) and path.endswith("/health")
 
@@ -254,6 +257,7 @@ def build_app(
     """The FastAPI app over a started `service` (the caller starts and stops it)."""
     app = FastAPIOffline(  # a FastAPI app whose /docs works without internet
         redoc_url=None,  # ReDoc would still fetch its logo from a CDN
+        default_response_class=SafeJSONResponse,
         title="visenv",
         version="0.1.0",
         description="Visual environments for multi-turn RL of vision-language agents. "
@@ -282,33 +286,27 @@ def build_app(
             )
         fallback = "INTERNAL" if exc.status_code >= 500 else "INVALID_ARGUMENT"
         code = wire.code_of_http(exc.status_code, fallback)
-        return JSONResponse(
-            {"error": wire.Error(code, str(exc.detail)).to_json()}, status_code=exc.status_code
+        return SafeJSONResponse(  # (a 405's Allow header kept)
+            {"error": wire.Error(code, str(exc.detail)).to_json()},
+            status_code=exc.status_code,
+            headers=exc.headers,
         )
 
     def one(result: Any) -> Response:
         if isinstance(result, ServiceError):
             return error_response(result)
-        return JSONResponse(result.to_json())
+        return SafeJSONResponse(result.to_json())
 
     async def batch(results: list) -> Response:
         if len(results) <= OFFLOAD_ITEMS:
-            return JSONResponse({"results": [wire.batch_item_json(r) for r in results]})
+            return SafeJSONResponse({"results": [wire.batch_item_json(r) for r in results]})
 
         # a training-sized reply (tens of MB of JSON) is written off the event loop, item by
         # item (one json.dumps call over all of it would hold the GIL throughout), so that
         # other sessions' calls are answered meanwhile
         def render() -> bytes:
-            items = (
-                json.dumps(
-                    wire.batch_item_json(r),
-                    ensure_ascii=False,
-                    allow_nan=False,
-                    separators=(",", ":"),
-                )  # fmt: skip
-                for r in results
-            )
-            return ('{"results":[' + ",".join(items) + "]}").encode()
+            items = (json_bytes(wire.batch_item_json(r)) for r in results)
+            return b'{"results":[' + b",".join(items) + b"]}"
 
         return Response(await asyncio.to_thread(render), media_type="application/json")
 
@@ -340,7 +338,7 @@ def build_app(
         """Every registered environment: its config schema, action space, and whether
         it is enabled and available on this server; and the server's limits."""
         envs = [spec.to_json() for spec in await service.list_envs()]
-        return JSONResponse({"envs": envs, "limits": await limits()})
+        return SafeJSONResponse({"envs": envs, "limits": await limits()})
 
     @app.get("/v1/limits", tags=["envs"])
     async def limits() -> dict[str, Any]:
@@ -385,13 +383,13 @@ def build_app(
         result = (await service.fork([(body or ForkBody()).item(session_id)]))[0]
         if isinstance(result, ServiceError):
             return error_response(result)
-        return JSONResponse({"replies": [r.to_json() for r in result]})
+        return SafeJSONResponse({"replies": [r.to_json() for r in result]})
 
     @app.delete("/v1/sessions/{session_id}", tags=["sessions"])
     async def close(session_id: str) -> Response:
         """Close the session and free its environment."""
         error = (await service.close([session_id]))[0]
-        return error_response(error) if error is not None else JSONResponse({"ok": True})
+        return error_response(error) if error is not None else SafeJSONResponse({"ok": True})
 
     @app.get(
         "/v1/sessions/{session_id}/frame.png",
@@ -433,13 +431,13 @@ def build_app(
     async def batch_fork(body: BatchFork) -> JSONResponse:
         """Fork many sessions; each item gets its forks or its own error."""
         results = await service.fork(body.items)
-        return JSONResponse({"results": [wire.fork_item_json(r) for r in results]})
+        return SafeJSONResponse({"results": [wire.fork_item_json(r) for r in results]})
 
     @app.post("/v1/batch/close", tags=["batch"], **replies(wire.CloseResponse))
     async def batch_close(body: BatchClose) -> JSONResponse:
         """Close many sessions; each id is answered on its own."""
         results = await service.close(body.session_ids)
-        return JSONResponse({"results": [wire.close_item_json(e) for e in results]})
+        return SafeJSONResponse({"results": [wire.close_item_json(e) for e in results]})
 
     def openapi() -> dict[str, Any]:  # built on first use: routes added later are in it
         if app.openapi_schema:

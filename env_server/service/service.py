@@ -71,7 +71,9 @@ from .messages import (
 )
 from .metrics import Metrics
 from .models import (
+    MAX_ACTION_ARGS,
     MAX_FORKS,
+    MAX_JSON_DEPTH,
     SEED_LIMIT,
     EnvSpec,
     ForkItem,
@@ -242,6 +244,8 @@ class EnvService:
             "max_batch_items": settings.max_batch_items,
             "max_actions_per_step": settings.max_actions_per_step,
             "max_forks_per_item": MAX_FORKS,
+            "max_json_depth": MAX_JSON_DEPTH,
+            "max_action_args": MAX_ACTION_ARGS,
             "max_sessions": settings.max_sessions,
             "items_per_worker_message": self.pool.piece_items(),
             "seed": {"type": "integer", "minimum": 0, "maximum": SEED_LIMIT - 1},
@@ -330,6 +334,8 @@ class EnvService:
                     f"limit of {most} (max_actions_per_step, GET /v1/limits)",
                     "actions",
                 )
+            if item.actions is not None and (error := self._arg_error(session.env, item.actions)):
+                return error
             if item.step_index == session.step_index:
                 return None  # apply it
             if item.step_index == session.step_index - 1 and session.last_reply is not None:
@@ -638,6 +644,21 @@ class EnvService:
                 "create a new session",
             ))  # fmt: skip
         return answer
+
+    def _arg_error(self, env: str, actions: Sequence[Any]) -> ServiceError | None:
+        """INVALID_ARGUMENT for an explicit action given numbers its action takes none of
+        (a discrete name, e.g. Left); a call action's count is the environment's to judge."""
+        space = self.env_specs[env].action_space or {}
+        takes = {name.lower(): n for name, n in space.get("arity", {}).items()}
+        for pos, action in enumerate(actions):
+            if action.args and not takes.get(action.name.strip().lower()):
+                return ServiceError(
+                    "INVALID_ARGUMENT",
+                    f"actions.{pos}.args: action {action.name!r} takes no arguments, "
+                    f"{len(action.args)} given",
+                    f"actions.{pos}.args",
+                )
+        return None
 
     def _counter(self, metric: Any, label: str) -> Any:
         """`metric.labels(label)`, looked up once (prometheus checks the labels per call:

@@ -15,15 +15,33 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
+from fastapi.responses import JSONResponse
+
 from env_server.service.models import ServiceError, SessionReply
 
 PREFIX = "/compat"
+
+
+def json_bytes(content: Any) -> bytes:
+    """`content` as compact UTF-8 JSON that is always writable: a lone surrogate (which
+    no request brings, but an environment's text might) goes as its JSON escape
+    (backslashreplace writes it as one inside a JSON string), never as an encoding error."""
+    text = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return text.encode("utf-8", "backslashreplace")
+
+
+class SafeJSONResponse(JSONResponse):
+    """A JSON reply written by `json_bytes`: text that reaches a reply never fails it."""
+
+    def render(self, content: Any) -> bytes:
+        return json_bytes(content)
 
 
 def presented_token(headers: Mapping[bytes, bytes], query_string: bytes) -> bytes | None:

@@ -23,16 +23,28 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from typing import Any
+import logging
+from typing import Annotated, Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from env_server.service.models import ActionModel, ServiceError, SessionReply
+from env_server.service.models import (
+    ActionModel,
+    FreeObject,
+    Seed,
+    ServiceError,
+    SessionReply,
+    Text,
+)
 from env_server.service.protocol import SessionService, check_env
 
-from .common import PREFIX
+from .common import PREFIX, json_bytes
+
+log = logging.getLogger("visenv.openenv")
+# a message longer than this is parsed in a thread, off the event loop
+OFFLOAD_BYTES = 64 * 1024
 
 WS_CODE = {
     "INVALID_ARGUMENT": "VALIDATION_ERROR",
@@ -43,26 +55,32 @@ WS_CODE = {
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class OpenEnvReset(_Strict):
-    """`reset` data: the episode's seed and, at the first reset, the session's options."""
+    """`reset` data: the episode's seed and, at the first reset, the session's options
+    (held to the service's rules: a seed is an integer, not `true` or "5")."""
 
-    seed: int | None = None
-    episode_id: str | None = Field(None, max_length=255)
-    format: str | None = None
-    representation: str | None = None
-    config: dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None
+    seed: Seed | None = None
+    episode_id: Text | None = Field(None, max_length=255)
+    format: Text | None = None
+    representation: Text | None = None
+    config: FreeObject | None = None
+    reasoning: FreeObject | None = None
+
+
+def _named(action: Any) -> Any:
+    return {"name": action} if isinstance(action, str) else action
 
 
 class OpenEnvAction(_Strict):
     """`step` data: the agent's raw response, or explicit actions (names or objects)."""
 
-    response: str | None = None
-    actions: list[str | ActionModel] | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)  # OpenEnv's Action base field
+    response: Text | None = None
+    # a name stands for {"name": name}: one model, so an error names the action's field
+    actions: list[Annotated[ActionModel, BeforeValidator(_named)]] | None = None
+    metadata: FreeObject = Field(default_factory=dict)  # OpenEnv's Action base field
 
     @model_validator(mode="after")
     def _one(self) -> OpenEnvAction:
@@ -159,9 +177,7 @@ class Connection:
         if action.response is not None:
             item["response"] = action.response
         else:
-            item["actions"] = [  # validated already: the service takes them as they are
-                ActionModel(name=a) if isinstance(a, str) else a for a in action.actions or []
-            ]
+            item["actions"] = action.actions  # validated already: taken as they are
         return self._remember((await self.service.step([item]))[0])
 
     async def state(self) -> dict[str, Any] | ServiceError:
@@ -214,9 +230,12 @@ class Connection:
     async def handle(self, raw: str) -> tuple[dict[str, Any], bool]:
         """The reply to one client message, and whether the connection ends."""
         try:
-            message = json.loads(raw)
+            message = json.loads(raw) if len(raw) <= OFFLOAD_BYTES else (
+                await asyncio.to_thread(json.loads, raw))  # fmt: skip
         except json.JSONDecodeError as exc:
             return _message("INVALID_JSON", f"Invalid JSON: {exc}"), False
+        except RecursionError:
+            return _message("INVALID_JSON", "Invalid JSON: nested too deep to parse"), False
         if not isinstance(message, dict):
             return _message("INVALID_JSON", "a message must be a JSON object"), False
         kind, data = message.get("type", ""), message.get("data") or {}
@@ -237,6 +256,10 @@ class Connection:
                 return _message("UNKNOWN_TYPE", f"Unknown message type: {kind}"), False
         except ValidationError as exc:
             return ws_error(ServiceError.from_validation(exc)), False
+        except ServiceError as error:  # a whole call refused (e.g. the server is starting)
+            return ws_error(error), False
+        except Exception as exc:  # a bug: answered, with the id the log carries
+            return ws_error(ServiceError.internal(exc, f"WebSocket {kind}", log)), False
         if isinstance(result, ServiceError):
             return ws_error(result), False
         return self.observation(result), False
@@ -316,7 +339,8 @@ def openenv_router(service: SessionService) -> APIRouter:
                 reply, done = await connection.handle(raw)
                 if done:
                     break
-                await websocket.send_json(reply)
+                # (json_bytes: text from an environment can't fail the send)
+                await websocket.send_text(json_bytes(reply).decode("utf-8"))
         except WebSocketDisconnect:
             pass
         finally:

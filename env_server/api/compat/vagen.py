@@ -30,8 +30,17 @@ from fastapi.responses import JSONResponse
 from env_server.service.models import ServiceError, SessionReply
 from env_server.service.protocol import SessionService, check_env
 
-from .common import PREFIX, Binding, IdTable, full_error, info_of, png_images, request_namespace
-from .multipart import mixed_reply, read_data_part
+from .common import (
+    PREFIX,
+    Binding,
+    IdTable,
+    SafeJSONResponse,
+    full_error,
+    info_of,
+    png_images,
+    request_namespace,
+)
+from .multipart import mixed_reply, parse_data_part
 from .vagen_config import main_session_options
 
 STATUS = {
@@ -86,7 +95,7 @@ CALL_BODY = _multipart_body({
 
 
 def error_reply(error: ServiceError) -> JSONResponse:
-    return JSONResponse(
+    return SafeJSONResponse(
         {"error": error.to_json(), "detail": error.message}, status_code=STATUS.get(error.code, 500)
     )
 
@@ -152,12 +161,14 @@ def vagen_router(service: SessionService, table: IdTable) -> APIRouter:
         """VAGEN's connect: open a session with an env_config (and, given a seed, its
         first observation, as multipart)."""
         try:
-            data = read_data_part(request.headers.get("content-type", ""), await request.body())
+            data = await parse_data_part(
+                request.headers.get("content-type", ""), await request.body()
+            )
             error = check_env(service.env_specs, env)
             if error is not None:
                 raise error
             seed = data.get("seed")
-            if seed is not None and not isinstance(seed, int):
+            if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
                 raise ServiceError("INVALID_ARGUMENT", "seed must be an integer", "seed")
             fields = set(service.env_specs[env].config_schema.get("properties", {}))
             options = main_session_options(env, data.get("env_config") or {}, fields, seed)
@@ -180,7 +191,9 @@ def vagen_router(service: SessionService, table: IdTable) -> APIRouter:
         """VAGEN's call: reset, step, system_prompt or close a session (multipart
         replies carry the images)."""
         try:
-            data = read_data_part(request.headers.get("content-type", ""), await request.body())
+            data = await parse_data_part(
+                request.headers.get("content-type", ""), await request.body()
+            )
             method, params = data.get("method"), data.get("params") or {}
             if method not in METHODS:
                 raise ServiceError(
@@ -205,7 +218,7 @@ def vagen_router(service: SessionService, table: IdTable) -> APIRouter:
             return multipart({"obs": binding.system_prompt or ""})
         if method == "reset":
             seed = params.get("seed", 0)
-            if not isinstance(seed, int):
+            if isinstance(seed, bool) or not isinstance(seed, int):
                 return error_reply(ServiceError("INVALID_ARGUMENT", "seed must be an integer"))
             if binding.fresh and seed == binding.seed:  # connect already reset to this seed
                 reply = (await service.get([sid]))[0]
