@@ -15,6 +15,11 @@ of times, with exponential back-off); a server that stays unreachable makes its
 sessions fail with `SessionLost`. Errors of single items are typed exceptions
 (`clients.errors`); batch calls raise the first of them, or return them in place
 with `return_exceptions=True`.
+
+`servers="ray://NAME"` is the set of servers `visenv ray up --name NAME` runs on a Ray
+cluster (clients/discovery.py, docs/ray.md): the client reads the set when it first
+needs it, again every `refresh_s` and at once when a server is lost or refuses new
+sessions; new sessions go only to its live servers that are not draining.
 """
 
 from __future__ import annotations
@@ -22,18 +27,20 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from . import rollout
+from . import discovery, rollout
 from .errors import ConnectionFailure, NotFound, SessionLost, Unavailable, VisenvError
 from .transport import ItemResult, StepItem, Transport, make_transport
 from .types import ActionSpec, EnvSpec, SessionOptions, SessionReply
 
 T = TypeVar("T")
 TOKEN_ENV_VAR = "VISENV_TOKEN"
+LOOK_TIMEOUT = 3.0  # seconds a ray:// set's servers have to answer a look (restarting: later)
 
 
 def _as_list(x: str | Sequence[str]) -> list[str]:
@@ -51,7 +58,8 @@ class AsyncEnvClient:
     """Async client over HTTP (httpx) or gRPC (grpc.aio).
 
     servers: one address or many: "host:port" (uses `transport`), "grpc://host:port"
-        or "http://host:port".
+        or "http://host:port"; or, alone, "ray://NAME": the servers of the set NAME on
+        the Ray cluster (RAY_ADDRESS, or the one this process is part of; needs ray).
     transport: "grpc" (default) or "http" for bare addresses.
     token: bearer token; defaults to the VISENV_TOKEN environment variable.
     timeout: seconds for any one call to one server.
@@ -63,6 +71,8 @@ class AsyncEnvClient:
     retries: extra attempts after a connection failure, and of the items of a step, get or
         close that a gateway answered UNAVAILABLE (its server unreachable for a moment;
         a step keeps its step_index, so none is applied twice). 0 disables retrying.
+    refresh_s: "ray://NAME": seconds between reads of the set (servers added, restarted
+        or drained); a lost server or a refused create reads it at once.
 
     Make it inside a running event loop (its gRPC channels bind to that loop); the
     sync `EnvClient` takes care of that.
@@ -78,14 +88,31 @@ class AsyncEnvClient:
         retries: int = 3,
         retry_wait: float = 0.1,
         grpc_stream: bool = True,
+        refresh_s: float = 10.0,
     ) -> None:
         addresses = _as_list(servers)
         if not addresses:
             raise ValueError("give at least one server address")
+        ray_sets = [n for n in map(discovery.set_name, addresses) if n is not None]
+        if ray_sets and len(addresses) > 1:
+            raise ValueError(
+                f"{addresses[0]!r}: a ray://NAME address names a whole set; give it alone"
+            )
         token = token if token is not None else os.environ.get(TOKEN_ENV_VAR) or None
-        self._servers: list[Transport] = [
-            make_transport(a, transport, token, timeout, grpc_stream) for a in addresses
-        ]
+        self._make = lambda a: make_transport(a, transport, token, timeout, grpc_stream)
+        self._transport_kind = transport
+        self._ray_set = ray_sets[0] if ray_sets else None
+        # a ray:// set's transports: appended as servers appear, kept (by index) while this
+        # client has sessions there; _live: those the set lists now, _draining: of those,
+        # the ones that take no new sessions (None: a fixed list, every server is live)
+        self._servers: list[Transport] = [] if self._ray_set else [self._make(a) for a in addresses]
+        self._live: list[int] | None = [] if self._ray_set else None
+        self._draining: set[int] = set()
+        self._looked_at: float | None = None  # time.monotonic() of the last read of the set
+        self._looking: asyncio.Task[None] | None = None
+        self._look_error: VisenvError | None = None
+        self.refresh_s = refresh_s
+        self.timeout = timeout
         self.retries = retries
         self.retry_wait = retry_wait
         self._server_of: dict[str, int] = {}  # session id -> index in _servers
@@ -105,12 +132,90 @@ class AsyncEnvClient:
                 await self.close(list(self._server_of))
             except VisenvError:
                 pass
+        if self._looking is not None:
+            self._looking.cancel()
         await asyncio.gather(*(s.aclose() for s in self._servers), return_exceptions=True)
 
     # ---- introspection -----------------------------------------------------------
     @property
     def servers(self) -> list[str]:
-        return [s.address for s in self._servers]
+        """The servers' addresses (ray://NAME: those the set listed at its last read)."""
+        return [self._servers[i].address for i in self._listed()]
+
+    def _listed(self) -> list[int]:
+        return list(range(len(self._servers))) if self._live is None else list(self._live)
+
+    # ---- a ray:// set ----------------------------------------------------------------
+    async def refresh(self) -> list[str]:
+        """ray://NAME: read the set again now; answers its servers' addresses (a fixed list
+        answers as it is)."""
+        if self._ray_set is not None:
+            await self._look_now()
+            if self._look_error is not None and not self._live:
+                raise self._look_error
+        return self.servers
+
+    def _look_soon(self) -> asyncio.Task[None]:
+        """Read the set in the background (one read at a time)."""
+        if self._looking is None or self._looking.done():
+            self._looking = asyncio.get_running_loop().create_task(self._look())
+        return self._looking
+
+    async def _look_now(self) -> None:
+        await asyncio.shield(self._look_soon())
+
+    def _stale(self) -> None:
+        """A server was lost or refused: read the set again (ray://NAME only)."""
+        if self._ray_set is not None:
+            self._look_soon()
+
+    async def _look(self) -> None:
+        assert self._ray_set is not None
+        try:
+            found = await asyncio.to_thread(discovery.ray_servers, self._ray_set, LOOK_TIMEOUT)
+        except discovery.NoServerAnswers as exc:  # all restarting, or none yet: look again
+            found, self._look_error = [], exc
+        except VisenvError as exc:  # no ray, no cluster: nothing to wait for
+            found, self._look_error = [], exc
+            self._looked_at = time.monotonic()
+            raise
+        else:
+            self._look_error = None
+        self._looked_at = time.monotonic()
+        index = {s.address: i for i, s in enumerate(self._servers)}
+        live, draining = [], set()
+        for f in found:
+            address = f.http if self._transport_kind == "http" and f.http else f.address
+            if address not in index:
+                index[address] = len(self._servers)
+                self._servers.append(self._make(address))
+            live.append(index[address])
+            if f.draining:
+                draining.add(index[address])
+        self._live, self._draining = sorted(live), draining
+
+    async def _open_servers(self) -> list[int]:
+        """Indices of the servers new sessions may go to: every one of a fixed list; of a
+        ray:// set, its live servers that are not draining (read again when due; waiting up
+        to `timeout` while none is, e.g. its only server restarting)."""
+        if self._live is None:
+            return list(range(len(self._servers)))
+        if self._looked_at is None:
+            await self._look_now()
+        elif time.monotonic() - self._looked_at > self.refresh_s:
+            self._look_soon()
+        deadline = time.monotonic() + self.timeout
+        while not (open_ := [i for i in self._live if i not in self._draining]):
+            if self._looking is not None and self._looking.done() and self._looking.exception():
+                raise self._looking.exception()  # type: ignore[misc]
+            if time.monotonic() > deadline:
+                raise self._look_error or Unavailable(
+                    f"no server of Ray set {self._ray_set!r} takes new sessions (all "
+                    "draining or restarting?): visenv ray status --name " + str(self._ray_set)
+                )
+            await asyncio.sleep(0.5)
+            await self._look_now()
+        return open_
 
     @property
     def session_ids(self) -> list[str]:
@@ -219,17 +324,21 @@ class AsyncEnvClient:
             if isinstance(r, VisenvError) and r.code in ("SESSION_LOST", "NOT_FOUND"):
                 self._server_of.pop(sid, None)
                 self._next_step.pop(sid, None)
+                if r.code == "SESSION_LOST":
+                    self._stale()
 
-    @staticmethod
-    def _lost(server: Transport, exc: ConnectionFailure) -> VisenvError:
+    def _lost(self, server: Transport, exc: ConnectionFailure) -> VisenvError:
+        self._stale()
         return SessionLost(f"server {server.address} unreachable, its sessions are gone: {exc}")
 
     # ---- calls -------------------------------------------------------------------
     async def attach(self, session_id: str, server: str) -> SessionReply:
         """Take over a session made elsewhere (another client, REST, the play page) on
         `server` (one of this client's addresses); answers its current reply."""
+        if self._ray_set is not None and self._looked_at is None:
+            await self.refresh()
         try:
-            idx = self.servers.index(server)
+            idx = [s.address for s in self._servers].index(server)
         except ValueError:
             raise ValueError(
                 f"{server!r} is not one of this client's servers {self.servers}"
@@ -248,7 +357,7 @@ class AsyncEnvClient:
     async def list_envs(self) -> list[EnvSpec]:
         """The environments of the first server that answers."""
         last: Exception | None = None
-        for server in self._servers:
+        for server in [self._servers[i] for i in await self._open_servers()]:
             try:
                 return await self._retrying(server.list_envs)
             except ConnectionFailure as exc:
@@ -256,8 +365,13 @@ class AsyncEnvClient:
         raise Unavailable(f"no server reachable: {last}")
 
     async def status(self) -> list[dict[str, Any] | VisenvError]:
-        """Each server's status (its /health JSON), or the error reaching it."""
+        """Each server's status (its /health JSON), or the error reaching it, in the order
+        of `servers`."""
+        if self._ray_set is not None and self._looked_at is None:
+            await self.refresh()
+        return await self._statuses(self._listed())
 
+    async def _statuses(self, indices: list[int]) -> list[dict[str, Any] | VisenvError]:
         async def one(server: Transport) -> dict[str, Any] | VisenvError:
             try:
                 return await self._retrying(server.status)
@@ -266,23 +380,29 @@ class AsyncEnvClient:
             except VisenvError as exc:
                 return exc
 
-        return list(await asyncio.gather(*(one(s) for s in self._servers)))
+        return list(await asyncio.gather(*(one(self._servers[i]) for i in indices)))
 
-    async def _place(self, envs: Sequence[str]) -> list[int]:
+    async def _place(self, envs: Sequence[str], avoid: set[int] = frozenset()) -> list[int]:  # type: ignore[assignment]
         """Server index for each new session (one per name in `envs`): the least loaded
-        reachable server that offers that environment, by its own session count (over
-        its cap when it reports one). Servers that don't list their envs take any."""
-        if len(self._servers) == 1:
-            return [0] * len(envs)
-        statuses = await self.status()
+        reachable server that is not draining and offers that environment, by its own
+        session count (over its cap when it reports one). Servers that don't list their
+        envs take any. `avoid`: servers that just refused, unless no other is open."""
+        candidates = await self._open_servers()
+        candidates = [i for i in candidates if i not in avoid] or candidates
+        if len(candidates) == 1:
+            return [candidates[0]] * len(envs)
+        statuses = await self._statuses(candidates)
         load: dict[int, float] = {}
         capacity: dict[int, float] = {}
         offers: dict[int, set[str] | None] = {}
         mine = [0] * len(self._servers)
         for idx in self._server_of.values():
             mine[idx] += 1
-        for i, st in enumerate(statuses):
+        for i, st in zip(candidates, statuses, strict=True):
             if isinstance(st, VisenvError):
+                self._stale()
+                continue
+            if st.get("draining"):  # takes no new sessions
                 continue
             sessions = st.get("sessions")
             load[i] = float(sessions) if isinstance(sessions, (int, float)) else float(mine[i])
@@ -292,8 +412,10 @@ class AsyncEnvClient:
             offers[i] = set(listed) if isinstance(listed, list) else None
         if not load:
             answered = [st for st in statuses if not isinstance(st, Unavailable)]
-            if answered:  # e.g. Unauthenticated everywhere: say so
-                raise answered[0]  # type: ignore[misc]
+            if any(isinstance(st, VisenvError) for st in answered):  # e.g. a bad token
+                raise next(st for st in answered if isinstance(st, VisenvError))
+            if answered:
+                raise Unavailable(f"every server is draining among {self.servers}")
             raise Unavailable(f"no server reachable among {self.servers}")
         placed = []
         for env in envs:
@@ -306,13 +428,15 @@ class AsyncEnvClient:
     async def create(
         self, options: SessionOptions | Sequence[SessionOptions], *, return_exceptions: bool = False
     ) -> list[Any]:
-        """Create (and reset) sessions; replies hold each first observation and system prompt."""
+        """Create (and reset) sessions; replies hold each first observation and system prompt.
+        ray://NAME: items a server refused with UNAVAILABLE (draining, or unreachable before
+        the request was sent: nothing was made) go again to the set's other servers, read
+        anew."""
         items = [options] if isinstance(options, SessionOptions) else list(options)
-        placement = await self._place([o.env for o in items])
-        groups: dict[int, list[int]] = {}
-        for pos, idx in enumerate(placement):
-            groups.setdefault(idx, []).append(pos)
         results: list[Any] = [None] * len(items)
+        todo = list(range(len(items)))
+        refused: set[int] = set()  # servers that answered UNAVAILABLE (ray:// only)
+        again: set[int] = set()  # positions to send again (ray:// only)
 
         async def one(server_idx: int, positions: list[int]) -> None:
             server = self._servers[server_idx]
@@ -322,6 +446,8 @@ class AsyncEnvClient:
                 )
             except ConnectionFailure as exc:
                 out = [Unavailable(f"server {server.address}: {exc}")] * len(positions)
+                if not exc.sent:
+                    again.update(positions)
             except VisenvError as exc:
                 out = [exc] * len(positions)
             for pos, r in zip(positions, out, strict=True):
@@ -329,8 +455,22 @@ class AsyncEnvClient:
                 if isinstance(r, SessionReply):
                     self._server_of[r.session_id] = server_idx
                     self._next_step[r.session_id] = r.step_index
+                elif isinstance(r, Unavailable):  # an item's answer: nothing was made
+                    again.add(pos)
+                    refused.add(server_idx)
 
-        await asyncio.gather(*(one(k, v) for k, v in groups.items()))
+        for attempt in range(3 if self._ray_set is not None else 1):
+            if attempt:  # ray://: the set as it is now, without those that refused
+                await self._look_now()
+            again.clear()
+            placement = await self._place([items[p].env for p in todo], refused)
+            groups: dict[int, list[int]] = {}
+            for pos, idx in zip(todo, placement, strict=True):
+                groups.setdefault(idx, []).append(pos)
+            await asyncio.gather(*(one(k, v) for k, v in groups.items()))
+            todo = sorted(again)
+            if not todo:
+                break
         return results if return_exceptions else _raise_first(results)
 
     async def reset(
@@ -534,9 +674,19 @@ class EnvClient:
         self._loop = _LoopThread()
 
         async def build() -> AsyncEnvClient:
-            return AsyncEnvClient(servers, **kwargs)
+            client = AsyncEnvClient(servers, **kwargs)
+            try:
+                await client.refresh()  # ray://NAME: read the set now (a wrong NAME fails here)
+            except BaseException:
+                await client.aclose()
+                raise
+            return client
 
-        self._client = self._loop.run(build())
+        try:
+            self._client = self._loop.run(build())
+        except BaseException:
+            self._loop.stop()
+            raise
         self._closed = False
 
     def __enter__(self) -> EnvClient:
@@ -562,6 +712,10 @@ class EnvClient:
 
     def server_of(self, session_id: str) -> str:
         return self._client.server_of(session_id)
+
+    def refresh(self) -> list[str]:
+        """ray://NAME: read the set again now; answers its servers' addresses."""
+        return self._loop.run(self._client.refresh())
 
     def next_step_index(self, session_id: str) -> int:
         return self._client.next_step_index(session_id)

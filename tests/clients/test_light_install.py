@@ -31,7 +31,11 @@ OWN = {"visenv", "visenv_cli", "clients", "trainer", "env_server"}
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 EXTRAS = PROJECT["optional-dependencies"]
 # modules of the SDK that need more than the base install, and the extra that brings it
-SDK_EXTRAS = {"clients/gym_env.py": "gym", "clients/verl_agent_loop.py": None}  # verl: the user's
+SDK_EXTRAS = {
+    "clients/gym_env.py": "gym",
+    "clients/verl_agent_loop.py": None,  # verl: the user's
+    "clients/discovery.py": "ray",  # servers="ray://NAME" only
+}
 FAMILIES = {"svg": "svg", "navigation": "navigation", "primitive_skill": "primitive_skill"}
 
 
@@ -110,6 +114,7 @@ def test_the_server_extra_covers_the_server_and_each_family_pulls_it():
         if not any(envs / family in p.parents for family in FAMILIES)
         # the conformance suites and the test launcher: pytest, from the dev extra
         and ROOT / "env_server" / "testing" not in p.parents
+        and ROOT / "env_server" / "ray" not in p.parents  # Ray actors: the ray extra
     ]
     # what the server extra brings, with what that requires (starlette comes with fastapi)
     allowed = _requirements_closure([*PROJECT["dependencies"], *EXTRAS["server"]])
