@@ -9,6 +9,7 @@ visenv train CONFIG          (provided by trainer/cli.py)
 visenv eval --server 127.0.0.1:50051 --endpoint http://127.0.0.1:8001/v1 --model NAME
 visenv levels sokoban --seeds 0:200 --out levels.jsonl [--policy random --server HOST:PORT]
 visenv verl-data --env sokoban --env frozenlake --out data/visenv   (visenv_cli/verl.py)
+visenv ray up --name envs --servers 4 --cpus-per-server 2           (visenv_cli/ray.py)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Annotated
 import typer
 import typer.core
 
+from visenv_cli.ray import ray_app
 from visenv_cli.verl import verl_data
 
 
@@ -516,6 +518,7 @@ def _oracle_length(env: str, config: dict, seed: int) -> int | None:
 
 
 app.command("verl-data")(verl_data)
+app.add_typer(ray_app, name="ray")
 
 
 def main() -> None:
