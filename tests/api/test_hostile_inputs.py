@@ -292,3 +292,17 @@ def test_the_bearer_scheme_is_case_insensitive_on_every_transport():
             assert json.loads(ws.recv(timeout=30))["type"] == "observation"
     finally:
         served.stop()
+
+
+# ---- a large JSON body is parsed off the event loop, with the same answers ----------------------
+def test_a_large_body_is_read_as_a_small_one(http, session):
+    pad = "x" * 70_000  # over rest.OFFLOAD_BODY_BYTES: parsed in a thread, by pydantic-core
+    body = f'{{"step_index":1,"response":"<answer>Left</answer>{pad}\\ud800"}}'
+    refused(post(http, f"/v1/sessions/{session}/step", body), 422, "response")
+    r = post(http, f"/v1/sessions/{session}/step", f'{{"step_index":1,"response":"{pad}')
+    assert r.status_code == 422 and r.json()["error"]["code"] == "INVALID_ARGUMENT", r.text
+    items = ",".join(f'{{"env":"sokoban","seed":{i},"config":{{"max_turns":1e400}}}}'
+                     for i in range(3))  # fmt: skip
+    r = post(http, "/v1/batch/create", f'{{"items":[{items}]}}{" " * 70_000}')
+    assert r.status_code == 200, r.text
+    assert [res["error"]["code"] for res in r.json()["results"]] == ["INVALID_ARGUMENT"] * 3
