@@ -96,6 +96,8 @@ class ServerActor:
     def __init__(self, spec: SetSpec, index: int, gateway: bool = False) -> None:
         self.spec, self.index, self.gateway = spec, index, gateway
         self.kind = "gateway" if gateway else "server"
+        self.started_at = time.time()  # this actor's (re)start
+        self.serve_took = 0.0  # seconds its `visenv serve` took to answer
         self.ip = ray.util.get_node_ip_address()
         self.node_id = f"{spec.name}-gw-{index}" if gateway else f"{spec.name}-{index}"
         self.ray_node = ray.get_runtime_context().get_node_id()
@@ -134,6 +136,7 @@ class ServerActor:
             if self.gateway:
                 self.upstreams = self._wait_for_upstreams()
             self.server = self._launch()
+            self.serve_took = time.time() - self.started_at
         except BaseException as exc:  # the actor's constructor raises it
             self._start_error = exc
             self._started.set()
@@ -147,7 +150,10 @@ class ServerActor:
                 os._exit(1)  # the server died: this actor dies too, and Ray restarts both
             if self.gateway and time.monotonic() - followed > FOLLOW_S:
                 followed = time.monotonic()
-                self._follow()
+                try:
+                    self._follow()
+                except BaseException:  # no gateway process now: Ray restarts the actor
+                    os._exit(1)
             time.sleep(0.1)
 
     def _wait_for_upstreams(self) -> list[str]:
@@ -185,6 +191,8 @@ class ServerActor:
             "actor_pid": os.getpid(),
             "draining": self.draining,
             "upstreams": list(self.upstreams),
+            "started_at": self.started_at,
+            "serve_start_s": round(self.serve_took, 2),
         }
 
     async def health(self) -> dict[str, Any]:
