@@ -365,7 +365,9 @@ def status(name: str, timeout: float = 10.0) -> list[dict[str, Any]]:
     rows = []
     for kind in ("server", "gateway"):
         actors = members(name, kind)
-        infos = _infos(actors, timeout)
+        # an actor that is up answers info() at once; one Ray is restarting answers only
+        # once its server is back: not worth waiting for
+        infos = _infos(actors, min(timeout, 3.0))
         # each server's own /health, asked of all at once (through its actor, on its node)
         asked = {i: actors[i].health.remote() for i, info in infos.items() if info is not None}
         ray.wait(list(asked.values()), num_returns=len(asked), timeout=timeout)
