@@ -18,9 +18,10 @@ SESSION_LOST, never another server's state.
 - `scale` adds servers (new indices) or drains the newest: a drained server takes no new
   sessions (SIGUSR1: `EnvService.drain`), serves its open ones to the end, then stops and
   its actor exits for good.
-- A gateway follows the set: when the servers' addresses change (added, restarted,
-  drained away) it restarts its own process on the same ports with the new upstreams
-  (gateways hold no session state; the SDK retries a call cut by it).
+- A gateway follows the set: when a server appears at a new address (added, or restarted)
+  it restarts its own process on the same ports with the set's current servers (gateways
+  hold no session state; the SDK retries a call cut by it). A server that went away
+  needs no restart: the gateway finds it unreachable, and its sessions lost, by itself.
 """
 
 from __future__ import annotations
@@ -165,9 +166,10 @@ class ServerActor:
         return found
 
     def _follow(self) -> None:
-        """Restart the gateway with the set's current servers, on the same ports."""
+        """Restart the gateway with the set's current servers, on the same ports, when one
+        of them is new to it."""
         found = server_addresses(self.spec.name, timeout=5)
-        if not found or sorted(found) == sorted(self.upstreams):
+        if not found or set(found) <= set(self.upstreams):
             return
         assert self.server is not None and self.server.grpc is not None
         ports = (self.server.http.rsplit(":", 1)[1], self.server.grpc.rsplit(":", 1)[1])

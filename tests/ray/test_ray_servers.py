@@ -45,12 +45,12 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def status() -> list[dict[str, Any]]:
-    """`visenv ray status --json`'s servers, by index."""
+def status(kind: str = "server") -> list[dict[str, Any]]:
+    """`visenv ray status --json`'s servers (or gateways), by index."""
     proc = cli("status", "--name", NAME, "--json")
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)["members"]
-    return sorted((r for r in rows if r["kind"] == "server"), key=lambda r: r["index"])
+    return sorted((r for r in rows if r["kind"] == kind), key=lambda r: r["index"])
 
 
 def wait_status(check, timeout: float = 60) -> list[dict[str, Any]]:
@@ -82,12 +82,13 @@ def counts(client: EnvClient) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def ray_set(ray_cluster):
-    """The set NAME: 2 servers of 1 CPU and 1 worker each, started by `visenv ray up`."""
+    """The set NAME: 2 servers of 1 CPU and 1 worker each and a gateway, started by
+    `visenv ray up`."""
     proc = cli("up", "--name", NAME, "--servers", "2", "--cpus-per-server", "1",
-               "--workers", "1", "--envs", ENVS, timeout=180)  # fmt: skip
+               "--workers", "1", "--envs", ENVS, "--gateway", timeout=180)  # fmt: skip
     try:
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert f"set {NAME}: 2 server(s) (2 serving, 0 draining)" in proc.stdout
+        assert f"set {NAME}: 2 server(s) (2 serving, 0 draining), 1 gateway(s)" in proc.stdout
         yield NAME
     finally:
         try:
@@ -131,6 +132,20 @@ def test_the_sdk_in_another_process_finds_the_set_by_name(ray_set):
     assert out["used"] == sorted(addresses)  # sessions on both servers
     assert out["steps"] == [2, 2, 2, 2]
     assert [r["sessions"] for r in status()] == [0, 0]  # it closed them on leaving
+
+
+def test_a_gateway_routes_clients_outside_to_the_set(ray_set):
+    (gateway,) = status("gateway")
+    servers = status()
+    assert sorted(gateway["upstreams"]) == sorted(r["grpc"] for r in servers)
+    with EnvClient(gateway["grpc"]) as client:  # one address, as a client outside would
+        made = client.create([SessionOptions("sokoban", seed=s) for s in range(4)])
+        ids = [r.session_id for r in made]
+        assert [r.step_index for r in client.step(ids, [MOVE] * 4)] == [1] * 4
+        assert [r["sessions"] for r in status()] == [2, 2]  # placed by load, upstream
+    # the gateway follows every change of the set by restarting itself: the tests below
+    # change the set often, on 2 cores, so it goes now
+    ray.kill(ray.get_actor(f"{NAME}/gateway/0", namespace="visenv"), no_restart=True)
 
 
 def test_status_counts_the_sessions_the_sdk_holds(ray_set):
