@@ -28,7 +28,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
@@ -206,8 +206,10 @@ class AsyncEnvClient:
             self._look_soon()
         deadline = time.monotonic() + self.timeout
         while not (open_ := [i for i in self._live if i not in self._draining]):
-            if self._looking is not None and self._looking.done() and self._looking.exception():
-                raise self._looking.exception()  # type: ignore[misc]
+            looking = self._looking
+            if looking is not None and looking.done() and not looking.cancelled():
+                if (error := looking.exception()) is not None:  # no ray, no cluster
+                    raise error
             if time.monotonic() > deadline:
                 raise self._look_error or Unavailable(
                     f"no server of Ray set {self._ray_set!r} takes new sessions (all "
@@ -382,15 +384,26 @@ class AsyncEnvClient:
 
         return list(await asyncio.gather(*(one(self._servers[i]) for i in indices)))
 
-    async def _place(self, envs: Sequence[str], avoid: set[int] = frozenset()) -> list[int]:  # type: ignore[assignment]
+    async def _place(self, envs: Sequence[str], avoid: Collection[int] = ()) -> list[int]:
         """Server index for each new session (one per name in `envs`): the least loaded
         reachable server that is not draining and offers that environment, by its own
         session count (over its cap when it reports one). Servers that don't list their
-        envs take any. `avoid`: servers that just refused, unless no other is open."""
-        candidates = await self._open_servers()
-        candidates = [i for i in candidates if i not in avoid] or candidates
-        if len(candidates) == 1:
-            return [candidates[0]] * len(envs)
+        envs take any. `avoid`: servers that just refused, unless no other is open.
+        ray://NAME: when none of the servers it knew answers, the set is read again."""
+        for attempt in range(3 if self._ray_set is not None else 1):
+            candidates = await self._open_servers()
+            candidates = [i for i in candidates if i not in avoid] or candidates
+            if len(candidates) == 1:
+                return [candidates[0]] * len(envs)
+            try:
+                return await self._place_among(candidates, envs)
+            except Unavailable:
+                if attempt == 2 or self._ray_set is None:
+                    raise
+                await self._look_now()  # e.g. every one of them restarting: as it is now
+        raise AssertionError("unreachable")
+
+    async def _place_among(self, candidates: list[int], envs: Sequence[str]) -> list[int]:
         statuses = await self._statuses(candidates)
         load: dict[int, float] = {}
         capacity: dict[int, float] = {}
