@@ -9,8 +9,9 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
-import ray
-from ray.cluster_utils import Cluster
+
+ray = pytest.importorskip("ray")  # the ray extra (in `make setup`'s default EXTRAS)
+from ray.cluster_utils import Cluster  # noqa: E402
 
 NODE = {"num_cpus": 2, "object_store_memory": 80 * 2**20}
 
