@@ -57,7 +57,9 @@ def _ray():
                     address=address,
                     namespace=NAMESPACE,
                     log_to_driver=False,
-                    logging_level="WARNING",
+                    # not Ray's warnings about the thread it joins from (the SDK reads the
+                    # set in a worker thread): an SDK user cannot act on them
+                    logging_level="ERROR",
                 )
             except ConnectionError as exc:
                 raise Unavailable(
