@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -259,6 +260,7 @@ def main() -> None:
                 pass
         ray.shutdown()
         made.shutdown()
+        shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)
     out["load_average_at_end"] = os.getloadavg()  # other work on the machine meanwhile
     print(json.dumps(out, indent=1))
     if args.json:

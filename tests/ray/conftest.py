@@ -5,6 +5,7 @@ picks, its files in a temporary folder of its own; torn down after the module.""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 
@@ -40,6 +41,7 @@ def ray_cluster() -> Iterator[Cluster]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
