@@ -17,7 +17,8 @@ SESSION_LOST, never another server's state.
   restarts both (`max_restarts`, unlimited by default) on any node with room.
 - `scale` adds servers (new indices) or drains the newest: a drained server takes no new
   sessions (SIGUSR1: `EnvService.drain`), serves its open ones to the end, then stops and
-  its actor exits for good.
+  its actor exits for good; one that dies while draining is not brought back (the set
+  actor remembers which it drained).
 - A gateway follows the set: when a server appears at a new address (added, or restarted)
   it restarts its own process on the same ports with the set's current servers (gateways
   hold no session state; the SDK retries a call cut by it). A server that went away
@@ -36,7 +37,7 @@ from typing import Any
 
 import httpx
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayError
 
 from env_server.testing.launcher import VisenvServer, launch_server
 from visenv.ray_names import NAME, NAMESPACE, member, member_index, set_actor
@@ -82,13 +83,21 @@ class SetSpec:
 
 
 class SetActor:
-    """NAME/set: the spec `scale` starts new servers with."""
+    """NAME/set: the spec `scale` starts new servers with, and which servers it drained (so
+    that one Ray restarts while draining ends instead of serving again)."""
 
     def __init__(self, spec: SetSpec) -> None:
         self._spec = spec
+        self._drained: set[int] = set()
 
     def spec(self) -> SetSpec:
         return self._spec
+
+    def mark_drained(self, indices: list[int]) -> None:
+        self._drained.update(indices)
+
+    def is_drained(self, index: int) -> bool:
+        return index in self._drained
 
 
 class ServerActor:
@@ -133,6 +142,8 @@ class ServerActor:
         )  # fmt: skip
 
     def _own(self) -> None:
+        if not self.gateway and self._drained_before():
+            self._end_for_good()  # restarted by Ray after `scale` drained it: not wanted
         try:
             if self.gateway:
                 self.upstreams = self._wait_for_upstreams()
@@ -148,6 +159,8 @@ class ServerActor:
             if self.server.proc.poll() is not None:
                 if self._stopping.is_set():
                     return
+                if self.draining:  # it was to stop anyway (its sessions are lost)
+                    self._end_for_good()
                 os._exit(1)  # the server died: this actor dies too, and Ray restarts both
             if self.gateway and time.monotonic() - followed > FOLLOW_S:
                 followed = time.monotonic()
@@ -156,6 +169,19 @@ class ServerActor:
                 except BaseException:  # no gateway process now: Ray restarts the actor
                     os._exit(1)
             time.sleep(0.1)
+
+    def _drained_before(self) -> bool:
+        try:
+            holder = ray.get_actor(set_actor(self.spec.name), namespace=NAMESPACE)
+            return bool(_value(holder.is_drained.remote(self.index), 30))
+        except Exception:  # no set actor to ask (being taken down): serve
+            return False
+
+    def _end_for_good(self) -> None:
+        """End this actor without a restart (never returns)."""
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+        time.sleep(60)  # the kill ends this process
+        os._exit(0)
 
     def _wait_for_upstreams(self) -> list[str]:
         deadline = time.monotonic() + 120
@@ -254,6 +280,12 @@ def members(name: str, kind: str) -> dict[int, Any]:
     return found
 
 
+def _value(ref: Any, timeout: float) -> Any:
+    """ray.get(ref) without ray.get: inside an async actor (a gateway's or server's own
+    thread asks the set) ray.get warns that it blocks the event loop, which it does not."""
+    return ref.future().result(timeout=timeout)
+
+
 def _infos(actors: dict[int, Any], timeout: float) -> dict[int, dict[str, Any] | None]:
     """Each actor's `info`, None for one that does not answer within `timeout`
     (restarting, or still starting)."""
@@ -263,8 +295,8 @@ def _infos(actors: dict[int, Any], timeout: float) -> dict[int, dict[str, Any] |
     out: dict[int, dict[str, Any] | None] = {}
     for i, ref in refs.items():
         try:
-            out[i] = ray.get(ref) if ref in done else None
-        except RayActorError:
+            out[i] = _value(ref, 1) if ref in done else None
+        except (RayError, TimeoutError):  # it died meanwhile (Ray is restarting it)
             out[i] = None
     return out
 
@@ -357,6 +389,8 @@ def scale(name: str, servers: int, timeout: float = 600.0) -> dict[str, list[int
         _start(spec, new, False, timeout)
         return {"started": list(new), "drained": []}
     drained = serving[servers:]
+    holder = ray.get_actor(set_actor(name), namespace=NAMESPACE)
+    ray.get(holder.mark_drained.remote(drained), timeout=30)
     ray.get([current[i].drain.remote() for i in drained], timeout=60)
     return {"started": [], "drained": drained}
 
