@@ -72,6 +72,7 @@ class _Server:
     boot: str | None = None
     envs: set[str] = field(default_factory=set)
     sessions: int = 0  # as it last reported, plus those placed there since
+    draining: bool = False  # as it last reported: it takes no new sessions
     down_since: float | None = None  # monotonic time of the first failure in a row
     resolved: bool = True  # its address is among its name's current addresses
     limits: dict[str, Any] = field(default_factory=dict)  # as its Status said
@@ -230,6 +231,7 @@ class GatewayService:
                     gauge.remove(*server.labels())
         server.node, server.boot = node, boot
         server.sessions = int(status.get("sessions", 0))
+        server.draining = bool(status.get("draining", False))
         server.limits = status.get("limits") or {}
         for other in list(self._servers.values()):
             if other is not server and other.node == node and not other.up and not other.pinned:
@@ -270,7 +272,8 @@ class GatewayService:
 
     # ---- routing -----------------------------------------------------------------
     def _place(self, env: str) -> _Server | ServiceError:
-        candidates = [s for s in self._servers.values() if s.up and env in s.envs]
+        offered = [s for s in self._servers.values() if s.up and env in s.envs]
+        candidates = [s for s in offered if not s.draining] or offered  # all draining: it says
         if not candidates:
             if env in self.env_specs or not any(s.up for s in self._servers.values()):
                 return ServiceError(
@@ -477,6 +480,7 @@ class GatewayService:
                     "down_s": None if s.down_since is None else round(now - s.down_since, 3),
                     "envs": sorted(s.envs),
                     "sessions": s.sessions,
+                    "draining": s.draining,
                 }
                 for s in servers
             ],

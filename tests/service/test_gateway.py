@@ -155,3 +155,29 @@ def test_gateway_caps_grpc_requests_at_its_own_max_request_bytes(start_visenv_se
         small = pb.StepItem(session_id="s-0000000000000000", step_index=0, response="x" * 1000)
         answer = stub.Step(pb.StepRequest(items=[small]))  # within the limit: answered
         assert answer.results[0].error.code == "NOT_FOUND"
+
+
+def test_gateway_places_no_session_on_a_draining_upstream(start_visenv_server):
+    """A drained upstream (SIGUSR1, as `visenv ray scale` drains one) gets no new session
+    through the gateway, which places them on the others; its open sessions go on."""
+    first, second = (start_visenv_server(workers=1, envs="sokoban") for _ in range(2))
+    gateway = start_visenv_server(envs=None, upstreams=[first.grpc, second.grpc])
+    with gateway.client() as http:
+        made = [http.post("/v1/sessions", json={"env": "sokoban", "seed": s}) for s in range(4)]
+        assert all(r.status_code == 200 for r in made), [r.text for r in made]
+        os.kill(first.proc.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 30
+        while not any(u["draining"] for u in http.get("/health").json()["upstreams"]):
+            assert time.monotonic() < deadline, "the gateway never saw the upstream draining"
+            time.sleep(0.1)
+        with first.client() as direct:
+            held_before = direct.get("/health").json()["sessions"]
+        more = [http.post("/v1/sessions", json={"env": "sokoban", "seed": s}) for s in range(6)]
+        assert all(r.status_code == 200 for r in more), [r.text for r in more]  # none refused
+        with first.client() as direct:
+            assert direct.get("/health").json()["sessions"] == held_before
+        for r in made:  # the drained upstream's sessions are still served through the gateway
+            sid = r.json()["session_id"]
+            stepped = http.post(f"/v1/sessions/{sid}/step",
+                                json={"step_index": 0, "actions": [{"name": "Up"}]})  # fmt: skip
+            assert stepped.status_code == 200, stepped.text
