@@ -140,6 +140,7 @@ class Audit:
     kill_times: list[int] = field(default_factory=list)  # s after t0: worker kills
     gateway_kill_times: list[int] = field(default_factory=list)
     slow_calls: list[tuple[int, str, float]] = field(default_factory=list)  # (t, label, s) > 10 s
+    cap_probes_skipped: int = 0  # the population was far below the cap (--probe-room)
     reaped_said_closed: int = 0  # steps on sessions idle past the timeout, NOT_FOUND "was closed"
     latency: dict[str, list[float]] = field(default_factory=dict)  # label -> seconds per call
     gateway_kills: int = 0
@@ -412,9 +413,15 @@ async def monitor(server: Server, audit: Audit, args: argparse.Namespace, t0: fl
                     audit.kills += 1
                     audit.kill_times.append(round(now - t0))
                 next_kill += args.kill_every
-            if now >= next_probe:
+            room = cap - health["sessions"]
+            if now >= next_probe and room > args.probe_room:
+                # far from the cap (a worker kill halved the sessions): filling thousands of
+                # sessions would hold the server at its cap for a minute, refusing every
+                # client's re-create (CAPACITY), and the population would never recover
+                audit.cap_probes_skipped += 1
                 next_probe += 45.0
-                room = cap - health["sessions"]
+            elif now >= next_probe:
+                next_probe += 45.0
                 made = await prober.create([SessionOptions("sokoban", seed=s) for s in
                                             range(max(room, 0) + 20)], return_exceptions=True)  # fmt: skip
                 codes = Counter(getattr(r, "code", "ok") for r in made)
@@ -548,8 +555,8 @@ class Hostile:
         if self.sid is None:
             r = await self.http.post(f"{self.base('server')}/v1/sessions",
                                      json={"env": "sokoban", "format": "no_think"})  # fmt: skip
-            if r.status_code != 200:
-                raise LookupError(f"no session of its own: {r.status_code}")
+            if r.status_code != 200:  # e.g. 429: the cap prober holds the server full
+                raise LookupError(f"{r.status_code}")
             self.sid = r.json()["session_id"]
         return self.sid
 
@@ -669,6 +676,8 @@ class Hostile:
                 self.sent += 1
                 try:
                     answer, wrong = await asyncio.wait_for(self.one(kind, target), 300)
+                except LookupError as exc:  # its own session could not be made: no probe
+                    answer, wrong = f"own session not made ({exc})", None
                 except (httpx.ConnectError, ConnectionError, httpx.RemoteProtocolError,
                         httpx.ReadError) as exc:  # fmt: skip
                     if target != "gateway":
@@ -973,6 +982,7 @@ async def soak(args: argparse.Namespace) -> dict:
         "cap": cap,
         "max_sessions_seen": audit.max_sessions_seen,
         "capacity_answers": audit.capacity_answers,
+        "cap_probes_skipped": audit.cap_probes_skipped,
         "abandoned": args.abandon,
         "abandoned_fates": dict(fate_counts),
         "reaped_total": int(reaped),
@@ -1051,6 +1061,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reap-wait", type=float, default=None,
                         help="seconds to wait at the end for the reaper to close sessions left "
                         "by cut creates (default: the idle timeout + 60)")  # fmt: skip
+    parser.add_argument("--probe-room", type=int, default=1000,
+                        help="the cap prober fills the server only when at most this many "
+                        "sessions are missing to the cap")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the report here")
     args = parser.parse_args(argv)
