@@ -81,6 +81,8 @@ class Transport(ABC):
 class HttpTransport(Transport):
     """REST JSON over httpx (one pooled keep-alive client per server)."""
 
+    CONNECTIONS = 64  # per server
+
     def __init__(self, address: str, token: str | None, timeout: float) -> None:
         super().__init__(address, token, timeout)
         base = address if "://" in address else f"http://{address}"
@@ -89,8 +91,12 @@ class HttpTransport(Transport):
             base_url=base,
             headers=headers,
             timeout=timeout,
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+            limits=httpx.Limits(max_connections=self.CONNECTIONS, max_keepalive_connections=64),
         )
+        # many single-session requests at once (a REST get of many ids) queue here, not in
+        # httpx's pool, whose wait counts against each request's timeout: 10,000 GETs at
+        # once on a loaded machine timed out waiting for a connection (PoolTimeout)
+        self._slots = asyncio.Semaphore(self.CONNECTIONS)
 
     async def _call(self, method: str, path: str, body: Any = None, raw: bool = False) -> Any:
         """The JSON answer of one request (its bytes with `raw`); errors raised typed."""
@@ -145,7 +151,8 @@ class HttpTransport(Transport):
 
         async def one(sid: str) -> ItemResult:
             try:
-                data = await self._call("GET", f"/v1/sessions/{sid}")
+                async with self._slots:
+                    data = await self._call("GET", f"/v1/sessions/{sid}")
             except VisenvError as exc:
                 if isinstance(exc, DeadlineExceeded) or exc.code == "UNAUTHENTICATED":
                     raise
