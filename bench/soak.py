@@ -114,7 +114,7 @@ class Slot:
     sid: str | None = None
     done: bool = False
     seed: int = 0
-    touched: float = 0.0  # when an op on it last succeeded (monotonic)
+    touched: float = 0.0  # when the last op on it that succeeded was sent (monotonic)
 
 
 @dataclass
@@ -253,7 +253,7 @@ class Owner:
             )
 
     async def _create(self, slots: list[Slot]) -> None:
-        started = time.perf_counter()
+        started, sent_at = time.perf_counter(), time.monotonic()
         results = await self._per_item_errors(self.client.create([self.options(s) for s in slots],
                                                        return_exceptions=True), len(slots))  # fmt: skip
         self.timed("create", started)
@@ -264,7 +264,7 @@ class Owner:
                 self.audit.creates_in_doubt += 1
                 unavailable = True
             if outcome == "ok":
-                slot.sid, slot.done, slot.touched = r.session_id, r.done, time.monotonic()
+                slot.sid, slot.done, slot.touched = r.session_id, r.done, sent_at
                 if r.env != slot.env or r.step_index != 0:
                     self.audit.mismatched += 1
                     self.audit.note(f"create {slot.env}: got {r.env} step_index {r.step_index}")
@@ -297,7 +297,7 @@ class Owner:
             return
         self.arm()
         ids = [s.sid for s in slots]
-        started = time.perf_counter()
+        started, sent_at = time.perf_counter(), time.monotonic()
         if op == "step":
             sent = [self.client.next_step_index(i) for i in ids]
             texts = [text(s.env, self.rng) for s in slots]
@@ -347,7 +347,7 @@ class Owner:
                 self.failed(slot, outcome)
                 continue
             self.check(op, slot, r, index + 1)
-            slot.done, slot.touched = r.done, time.monotonic()
+            slot.done, slot.touched = r.done, sent_at  # (the server's last use is later)
             if op == "step":
                 self.audit.acked_steps += 1
 
