@@ -461,6 +461,8 @@ class WorkerPool:
         self._restarts: set[asyncio.Task] = set()
         self._stopping = False
         self._limits: dict[frozenset[str], tuple[float, int]] = {}  # see `pieces`
+        # seconds a worker takes per item, by (envs, message type), as measured (`pieces`)
+        self._item_seconds: dict[tuple[frozenset[str], type], float] = {}
 
     async def start(self) -> None:
         if self.settings.start_method == "forkserver":
@@ -505,41 +507,62 @@ class WorkerPool:
     async def pieces(
         self, worker: WorkerHandle, batch: list[Message], envs: Iterable[str] = ()
     ) -> AsyncIterator[tuple[int, list]]:
-        """A batch for one worker, sent in pieces of at most `piece_items` messages: yields
-        (position of the piece's first item, its answers) piece after piece, in order.
+        """A batch for one worker, sent in pieces: yields (position of the piece's first
+        item, its answers) piece after piece, in order.
 
-        Each piece is sent before the answer of the one before it has been read (two in
-        flight at most, `WorkerHandle.request`'s `ahead`): the worker goes on with the next
-        piece while this process reads and finishes the answers of the last one. Other
-        callers' requests queued meanwhile go between pieces, so a big batch does not hold
-        up other sessions, and each piece finishes well inside the deadline. If the worker
-        dies, or spends longer than the deadline of the environments involved on one
-        message (then it is killed and replaced), the items not yet answered answer
-        SESSION_LOST."""
+        A piece holds as many items as the worker works through in about `PIECE_SECONDS`
+        (measured on the pieces of earlier batches, per set of environments and message
+        type: a sokoban step takes a quarter of a millisecond, a frozenlake create 10-20
+        ms), at most `piece_items` (the configured size, and the size before anything is
+        measured). Each piece is
+        sent before the answer of the one before it has been read (two in flight at most,
+        `WorkerHandle.request`'s `ahead`): the worker goes on with the next piece while
+        this process reads and finishes the answers of the last one. Other callers'
+        requests queued meanwhile go between pieces, so another session's call waits for
+        two pieces at most (tens of milliseconds), however big the batch, and each piece
+        finishes well inside the deadline. If the worker dies, or spends longer than the
+        deadline of the environments involved on one message (then it is killed and
+        replaced), the items not yet answered answer SESSION_LOST."""
         key = frozenset(envs)
         limits = self._limits.get(key)
         if limits is None:  # the settings are fixed: once per set of envs (a few)
             limits = self._limits[key] = (self.deadline(key), self.piece_items(key))
-        deadline, size = limits
-        if len(batch) <= size:  # one piece (most calls): nothing to send ahead
-            if batch:
-                yield 0, await self._call_piece(worker, batch, deadline)
+        deadline, most = limits
+        if not batch:
             return
-        starts = range(0, len(batch), size)
-        sent: collections.deque[asyncio.Future] = collections.deque()
+        cost = (key, type(batch[0]))
+        loop = asyncio.get_running_loop()
+        if len(batch) <= self._piece_size(cost, most):  # one piece (most calls)
+            # (not measured: its time includes waiting for others' messages in flight)
+            yield 0, await self._call_piece(worker, batch, deadline)
+            return
+        # (start, items, its request, when it was asked for) of the pieces on their way
+        sent: collections.deque[tuple[int, int, asyncio.Future, float]] = collections.deque()
+        following = 0  # the first item not sent yet
 
-        def send(start: int) -> None:
-            piece = batch[start : start + size]
+        def send() -> None:
+            nonlocal following
+            size = self._piece_size(cost, most)
+            piece = batch[following : following + size]
             ahead = bool(sent)  # the piece before it is on its way
-            sent.append(asyncio.ensure_future(self._call_piece(worker, piece, deadline, ahead)))
+            request = asyncio.ensure_future(self._call_piece(worker, piece, deadline, ahead))
+            sent.append((following, len(piece), request, loop.time()))
+            following += len(piece)
 
         try:
-            send(starts[0])
-            for n, start in enumerate(starts):
-                if n + 1 < len(starts):
-                    send(starts[n + 1])  # the next piece goes before this one's answer is read
-                got = await sent[0]
+            send()
+            answered = None  # when the piece before was answered
+            while sent:
+                if following < len(batch):
+                    send()  # the next piece goes before this one's answer is read
+                start, _, request, asked = sent[0]
+                got = await request
                 sent.popleft()
+                now = loop.time()
+                # the worker began this piece when it had finished the one before, or when
+                # it was asked for, whichever came later
+                self._measured(cost, got, got, now - max(asked, answered or asked))
+                answered = now
                 yield start, got
                 if got and isinstance(got[0], ServiceError) and got[0].code == "SESSION_LOST":
                     rest = len(batch) - start - len(got)  # the worker is gone
@@ -547,8 +570,27 @@ class WorkerPool:
                         yield start + len(got), [got[0]] * rest
                     return
         finally:
-            for piece in sent:  # our caller gave up, or the worker was lost
-                piece.cancel()
+            for _, _, request, _ in sent:  # our caller gave up, or the worker was lost
+                request.cancel()
+
+    PIECE_SECONDS = 0.02  # the work of one piece of a batch (see `pieces`)
+
+    def _piece_size(self, cost: tuple[frozenset[str], type], most: int) -> int:
+        seconds = self._item_seconds.get(cost)
+        if seconds is None:
+            return most
+        return max(1, min(most, int(self.PIECE_SECONDS / max(seconds, 1e-6))))
+
+    def _measured(self, cost: tuple[frozenset[str], type], piece: list, answers: list,
+                  seconds: float) -> None:  # fmt: skip
+        """Fold one piece's time per item into the estimate (a moving average); a piece
+        that failed whole (a lost worker) says nothing about the work."""
+        if not piece or (answers and isinstance(answers[0], ServiceError)
+                         and answers[0].code == "SESSION_LOST"):  # fmt: skip
+            return
+        per_item = seconds / len(piece)
+        before = self._item_seconds.get(cost)
+        self._item_seconds[cost] = per_item if before is None else 0.7 * before + 0.3 * per_item
 
     async def _call_piece(
         self, worker: WorkerHandle, batch: list[Message], deadline: float, ahead: bool = False

@@ -92,11 +92,12 @@ class Settings(BaseSettings):
     )
     piece_items: dict[str, int] = Field(
         default_factory=lambda: {"*": 16, "primitive_skill": 4, "navigation": 8},
-        description="Items per worker message of a batch (JSON: env name -> items, '*' for "
-        "the rest; at most `coalesce_max_items`): a batch goes in pieces of this size, one "
-        "after another, so that each piece stays well inside the deadline and other "
-        "sessions' calls are answered between pieces (a piece of 16 frozenlake creates: "
-        "about 0.3 s).",
+        description="Most items per worker message of a batch (JSON: env name -> items, '*' "
+        "for the rest; at most `coalesce_max_items`): a batch goes in pieces, one after "
+        "another, each of about 20 ms of the worker's measured time per item and at most "
+        "this many, so that each piece stays well inside the deadline and other sessions' "
+        "calls are answered between pieces (16 frozenlake creates took 0.3 s: they now go "
+        "one or two at a time).",
     )
     lost_memory: int = Field(
         100_000, ge=0, description="Lost session ids remembered to answer SESSION_LOST."

@@ -234,3 +234,42 @@ def test_a_batchs_pieces_go_two_in_flight_in_order_with_others_between(run):
             await svc.stop()
 
     run(main())
+
+
+def test_a_batchs_pieces_hold_about_twenty_milliseconds_of_work(run):
+    """Pieces are sized by the time the worker takes per item, measured on the pieces
+    before (per message type): creates that take 10 ms each go a few at a time after the
+    first piece, so another session's call waits tens of milliseconds behind a batch,
+    never a piece of 16 slow items; steps, not measured yet, still go 16 at a time."""
+
+    async def main():
+        svc = EnvService(
+            Settings(workers=1, envs=["tiny"], env_paths=TINY, piece_items={"tiny": 16})
+        )
+        await svc.start()
+        try:
+            worker = svc.workers[0]
+            sent: list[int] = []  # items per message
+            send = worker._send
+
+            def watched(entries):
+                sent.append(sum(len(e.batch) for e in entries))
+                return send(entries)
+
+            worker._send = watched
+            slow = {"env": "tiny", "config": {"reset_delay": 0.01}}
+            created = await svc.create([{**slow, "seed": s} for s in range(40)])
+            assert all(isinstance(r, SessionReply) for r in created), created
+            # nothing measured yet: the configured size (the second piece goes before the
+            # first is answered); then >= 10 ms an item: 2 at most (a busy machine: 1)
+            assert sent[:2] == [16, 16] and max(sent[2:]) <= 2, sent
+            assert sum(sent) == 40, sent
+            sent.clear()
+            ids = [r.session_id for r in created]
+            replies = await svc.step([step(sid, 0, "Right") for sid in ids])
+            assert [r.session_id for r in replies] == ids  # in order
+            assert sent[0] == 16, sent  # a step's cost is measured apart from a create's
+        finally:
+            await svc.stop()
+
+    run(main())
