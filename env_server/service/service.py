@@ -391,15 +391,17 @@ class EnvService:
             results.append(session)
         return self._count_errors(results)
 
-    async def close(self, session_ids: Sequence[str]) -> list[ServiceError | None]:
+    async def close(
+        self, session_ids: Sequence[str], *, why: str = "was closed"
+    ) -> list[ServiceError | None]:
         """A close forgets the session at once (a later call on it, or its id again in
-        this batch, gets NOT_FOUND: closed), then the worker closes its environment after
-        any call in flight on it."""
+        this batch, gets NOT_FOUND: "session <id> <why>"), then the worker closes its
+        environment after any call in flight on it."""
 
         def find(session_id: str) -> Session | ServiceError:
             session = self.sessions.lookup(session_id)
             if isinstance(session, Session):
-                closed = ServiceError("NOT_FOUND", f"session {session_id} was closed", "session_id")
+                closed = ServiceError("NOT_FOUND", f"session {session_id} {why}", "session_id")
                 self.sessions.forget(session, closed)
             return session
 
@@ -702,14 +704,8 @@ class EnvService:
             return []
         ids = [s.id for s in idle]
         limit = self.settings.max_batch_items
-        for start in range(0, len(ids), limit):
-            await self.close(ids[start : start + limit])
-        for session_id in ids:
-            self.sessions.remember(
-                session_id,
-                ServiceError(
-                    "NOT_FOUND", f"session {session_id} was closed after {timeout:g} s idle"
-                ),
-            )
+        for start in range(0, len(ids), limit):  # (forgotten with the reason at once, while
+            # the close may still wait for a busy worker)
+            await self.close(ids[start : start + limit], why=f"was closed after {timeout:g} s idle")
         self.metrics.reaped.inc(len(ids))
         return ids

@@ -108,6 +108,41 @@ def test_idle_reaping_closes_only_idle_sessions(run, service):
     run(service.close([b]))
 
 
+def test_a_reaped_session_says_it_was_idle_while_its_close_waits_for_a_busy_worker(run):
+    """The reason is recorded when the session is forgotten, not after the close: a GET
+    meanwhile said "was closed", as if a client had closed it (seen in the soak)."""
+
+    async def main():
+        svc = EnvService(Settings(workers=1, envs=["tiny"], env_paths=TINY))
+        await svc.start()
+        try:
+            (idle,) = await svc.create([{"env": "tiny"}])
+            svc.sessions[idle.session_id].last_used -= 100
+            slow = asyncio.ensure_future(
+                svc.create([{"env": "tiny", "config": {"reset_delay": 1.0}}])
+            )
+            worker = svc.workers[0]
+            for _ in range(1000):  # until the slow create is on the worker (bounded)
+                if worker._in_flight:
+                    break
+                await asyncio.sleep(0.01)
+            reaping = asyncio.ensure_future(svc.reap_idle(50))
+            for _ in range(1000):  # until the reaper has forgotten it (bounded)
+                if isinstance(svc.sessions.lookup(idle.session_id), ServiceError):
+                    break
+                await asyncio.sleep(0.01)
+            (answer,) = await svc.get([idle.session_id])
+            assert not reaping.done()  # its close still waits behind the slow create
+            assert isinstance(answer, ServiceError) and "idle" in answer.message, answer
+            assert await reaping == [idle.session_id]
+            (made,) = await slow
+            await svc.close([made.session_id])
+        finally:
+            await svc.stop()
+
+    run(main())
+
+
 def test_guard_penalises_a_repeated_low_scoring_response(run, service):
     guard = {"top_k": 1, "window": 10, "min_count": 2, "threshold": 0.99, "penalty": 0.25}
     replies = run(service.create([{"env": "sokoban", "seed": s, "reasoning": {"guard": guard}}
