@@ -391,12 +391,14 @@ class EnvService:
             results.append(session)
         return self._count_errors(results)
 
-    async def close(
-        self, session_ids: Sequence[str], *, why: str = "was closed"
-    ) -> list[ServiceError | None]:
+    async def close(self, session_ids: Sequence[str]) -> list[ServiceError | None]:
         """A close forgets the session at once (a later call on it, or its id again in
-        this batch, gets NOT_FOUND: "session <id> <why>"), then the worker closes its
-        environment after any call in flight on it."""
+        this batch, gets NOT_FOUND: closed), then the worker closes its environment after
+        any call in flight on it."""
+        return await self._close(session_ids, "was closed")
+
+    async def _close(self, session_ids: Sequence[str], why: str) -> list[ServiceError | None]:
+        """`close`, a later call on a session answering "session <id> <why>"."""
 
         def find(session_id: str) -> Session | ServiceError:
             session = self.sessions.lookup(session_id)
@@ -706,6 +708,6 @@ class EnvService:
         limit = self.settings.max_batch_items
         for start in range(0, len(ids), limit):  # (forgotten with the reason at once, while
             # the close may still wait for a busy worker)
-            await self.close(ids[start : start + limit], why=f"was closed after {timeout:g} s idle")
+            await self._close(ids[start : start + limit], f"was closed after {timeout:g} s idle")
         self.metrics.reaped.inc(len(ids))
         return ids
