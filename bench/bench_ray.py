@@ -29,41 +29,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
-import tempfile
 import time
 from typing import Any
-
-import ray
-from ray.cluster_utils import Cluster
 
 from clients import EnvClient, SessionOptions
 from clients.errors import SessionLost, VisenvError
 from env_server.ray import servers
+from env_server.testing.ray_cluster import local_ray_cluster
 
 MOVE = "<think>push the box</think><answer>Left, Up</answer>"
-
-
-def cluster(nodes: int, cpus: int) -> Cluster:
-    tmp = tempfile.mkdtemp(prefix="vray")  # short: Ray's socket paths
-    os.makedirs(f"{tmp}/ray")
-    os.environ["RAY_TMPDIR"] = tmp
-    node = {"num_cpus": cpus, "object_store_memory": 80 * 2**20}
-    made = Cluster(
-        initialize_head=True,
-        head_node_args={
-            **node,
-            "num_cpus": 0,
-            "temp_dir": f"{tmp}/ray",
-            "include_dashboard": False,
-        },
-    )
-    for _ in range(nodes):
-        made.add_node(**node)
-    os.environ["RAY_ADDRESS"] = made.address
-    made.connect(namespace="visenv")
-    return made
 
 
 def until_ok(name: str, count: int, timeout: float = 300) -> list[dict[str, Any]]:
@@ -211,26 +186,8 @@ def drain(name: str, sessions: int, turns: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=2)
-    parser.add_argument("--cpus-per-node", type=int, default=2)
-    parser.add_argument("--cpus-per-server", type=int, default=1)
-    parser.add_argument("--servers", type=int, default=2, help="for the cold start of a set")
-    parser.add_argument("--envs", default="sokoban,frozenlake")
-    parser.add_argument("--sessions", type=int, default=16)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--json", help="also write the numbers here")
-    args = parser.parse_args()
-
-    def spec(name: str) -> servers.SetSpec:
-        return servers.SetSpec(name, cpus_per_server=args.cpus_per_server, envs=args.envs)
-
-    out: dict[str, Any] = {"args": vars(args), "load_average_at_start": os.getloadavg()}
-    t = time.monotonic()
-    made = cluster(args.nodes, args.cpus_per_node)
-    out["cluster_start_s"] = time.monotonic() - t
+def run_all(args: argparse.Namespace, spec, out: dict[str, Any]) -> None:
+    """Every measurement, on the cluster this process is connected to; sets torn down after."""
     try:
         t = time.monotonic()
         servers.up(spec("bench"), 1)
@@ -258,9 +215,29 @@ def main() -> None:
                 servers.down(name)
             except servers.SetError:
                 pass
-        ray.shutdown()
-        made.shutdown()
-        shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--cpus-per-node", type=int, default=2)
+    parser.add_argument("--cpus-per-server", type=int, default=1)
+    parser.add_argument("--servers", type=int, default=2, help="for the cold start of a set")
+    parser.add_argument("--envs", default="sokoban,frozenlake")
+    parser.add_argument("--sessions", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--json", help="also write the numbers here")
+    args = parser.parse_args()
+
+    def spec(name: str) -> servers.SetSpec:
+        return servers.SetSpec(name, cpus_per_server=args.cpus_per_server, envs=args.envs)
+
+    out: dict[str, Any] = {"args": vars(args), "load_average_at_start": os.getloadavg()}
+    t = time.monotonic()
+    with local_ray_cluster(args.nodes, args.cpus_per_node):
+        out["cluster_start_s"] = time.monotonic() - t
+        run_all(args, spec, out)
     out["load_average_at_end"] = os.getloadavg()  # other work on the machine meanwhile
     print(json.dumps(out, indent=1))
     if args.json:
