@@ -84,6 +84,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_batches import Probe, quantiles  # noqa: E402
+from bench.hostile_inputs import rest_answer  # noqa: E402
 from clients import AsyncEnvClient, SessionOptions  # noqa: E402
 from env_server.testing.launcher import launch_server  # noqa: E402
 from tests.clients.lossy_proxy import LossyProxy  # noqa: E402
@@ -560,15 +561,7 @@ class Hostile:
             self.sid = r.json()["session_id"]
         return self.sid
 
-    @staticmethod
-    def rest_answer(r: httpx.Response) -> str:
-        try:
-            error = r.json().get("error") if r.headers.get("content-type", "").startswith(
-                "application/json") else None  # fmt: skip
-        except ValueError:
-            error = None
-        return f"{r.status_code} {error.get('code')}" if isinstance(error, dict) else str(
-            r.status_code)  # fmt: skip
+    rest_answer = staticmethod(rest_answer)  # bench/hostile_inputs.py's: status, code, field
 
     async def close_made(self, base: str, sids: list[str]) -> None:
         if sids:
