@@ -514,10 +514,9 @@ class WorkerPool:
         (measured on the pieces of earlier batches, per set of environments and message
         type: a sokoban step takes a quarter of a millisecond, a frozenlake create 10-20
         ms), at most `piece_items` (the configured size, and the size before anything is
-        measured). Each piece is
-        sent before the answer of the one before it has been read (two in flight at most,
-        `WorkerHandle.request`'s `ahead`): the worker goes on with the next piece while
-        this process reads and finishes the answers of the last one. Other callers'
+        measured). Each piece is sent before the answer of the one before it has been read
+        (two in flight at most, `WorkerHandle.request`'s `ahead`): the worker goes on with
+        the next piece while this process reads and finishes the answers of the last one. Other callers'
         requests queued meanwhile go between pieces, so another session's call waits for
         two pieces at most (tens of milliseconds), however big the batch, and each piece
         finishes well inside the deadline. If the worker dies, or spends longer than the
@@ -536,8 +535,8 @@ class WorkerPool:
             # (not measured: its time includes waiting for others' messages in flight)
             yield 0, await self._call_piece(worker, batch, deadline)
             return
-        # (start, items, its request, when it was asked for) of the pieces on their way
-        sent: collections.deque[tuple[int, int, asyncio.Future, float]] = collections.deque()
+        # (start, its request, when it was asked for) of the pieces on their way
+        sent: collections.deque[tuple[int, asyncio.Future, float]] = collections.deque()
         following = 0  # the first item not sent yet
 
         def send() -> None:
@@ -546,31 +545,34 @@ class WorkerPool:
             piece = batch[following : following + size]
             ahead = bool(sent)  # the piece before it is on its way
             request = asyncio.ensure_future(self._call_piece(worker, piece, deadline, ahead))
-            sent.append((following, len(piece), request, loop.time()))
+            sent.append((following, request, loop.time()))
             following += len(piece)
 
         try:
             send()
-            answered = None  # when the piece before was answered
+            answered = float("-inf")  # when the piece before was answered
             while sent:
                 if following < len(batch):
                     send()  # the next piece goes before this one's answer is read
-                start, _, request, asked = sent[0]
+                start, request, asked = sent[0]
                 got = await request
                 sent.popleft()
                 now = loop.time()
-                # the worker began this piece when it had finished the one before, or when
-                # it was asked for, whichever came later
-                self._measured(cost, got, got, now - max(asked, answered or asked))
+                lost = bool(got) and isinstance(got[0], ServiceError) and got[0].code == (
+                    "SESSION_LOST")  # fmt: skip
+                if got and not lost:  # (a lost worker says nothing about the work)
+                    # the worker began this piece when it had finished the one before, or
+                    # when it was asked for, whichever came later
+                    self._measured(cost, len(got), now - max(asked, answered))
                 answered = now
                 yield start, got
-                if got and isinstance(got[0], ServiceError) and got[0].code == "SESSION_LOST":
+                if lost:
                     rest = len(batch) - start - len(got)  # the worker is gone
                     if rest:
                         yield start + len(got), [got[0]] * rest
                     return
         finally:
-            for _, _, request, _ in sent:  # our caller gave up, or the worker was lost
+            for _, request, _ in sent:  # our caller gave up, or the worker was lost
                 request.cancel()
 
     PIECE_SECONDS = 0.02  # the work of one piece of a batch (see `pieces`)
@@ -581,14 +583,9 @@ class WorkerPool:
             return most
         return max(1, min(most, int(self.PIECE_SECONDS / max(seconds, 1e-6))))
 
-    def _measured(self, cost: tuple[frozenset[str], type], piece: list, answers: list,
-                  seconds: float) -> None:  # fmt: skip
-        """Fold one piece's time per item into the estimate (a moving average); a piece
-        that failed whole (a lost worker) says nothing about the work."""
-        if not piece or (answers and isinstance(answers[0], ServiceError)
-                         and answers[0].code == "SESSION_LOST"):  # fmt: skip
-            return
-        per_item = seconds / len(piece)
+    def _measured(self, cost: tuple[frozenset[str], type], items: int, seconds: float) -> None:
+        """Fold one piece's time per item into the estimate (a moving average)."""
+        per_item = seconds / items
         before = self._item_seconds.get(cost)
         self._item_seconds[cost] = per_item if before is None else 0.7 * before + 0.3 * per_item
 
