@@ -1087,6 +1087,24 @@ class StepItem:
             out.image_encoding = self.image_encoding
 
 
+@dataclass(frozen=True)
+class ResetItem:
+    """One session's new episode as a client asks for it: `seed` (None: the session's
+    previous seed + 1) and an image encoding override for this reply."""
+
+    session_id: str
+    seed: int | None = None
+    image_encoding: str | None = None
+
+
+@dataclass(frozen=True)
+class ForkItem:
+    """`n` new sessions in the exact state of session `session_id`."""
+
+    session_id: str
+    n: int = 1
+
+
 # ---------------------------------------------------------------------------- batch envelopes
 # The JSON shapes of REST's replies (docs/wire.md), for the OpenAPI document; the
 # functions below build and read them. gRPC's are the proto's messages of the same names.
