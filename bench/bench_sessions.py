@@ -168,7 +168,7 @@ async def per_session(
     await asyncio.sleep(args.warmup_s)
     rates, latencies = [], []
     r0, m0 = coalescing(http)
-    s0, c0 = server.seconds(), client_cpu()
+    (a0, w0), c0 = server.split(), client_cpu()
     counted = 0
     for _ in range(args.trials):
         t0 = time.perf_counter()
@@ -178,7 +178,7 @@ async def per_session(
         rates.append(len(window) / (t1 - t0))
         latencies += window
         counted += len(window)
-    s1, c1 = server.seconds(), client_cpu()
+    (a1, w1), c1 = server.split(), client_cpu()
     r1, m1 = coalescing(http)
     stop.set()
     await asyncio.gather(*tasks)
@@ -188,9 +188,10 @@ async def per_session(
         n,
         rates,
         latencies,
-        (s1 - s0) / max(counted, 1) * 1000,
+        (a1 - a0 + w1 - w0) / max(counted, 1) * 1000,
         (c1 - c0) / max(counted, 1) * 1000,
         0,
+        (a1 - a0) / max(counted, 1) * 1000,
     )
     per_message[id(result)] = (r1 - r0) / max(m1 - m0, 1)
     return result

@@ -67,6 +67,7 @@ class Result:
     server_cpu: float  # seconds per 1,000 env-steps
     client_cpu: float
     bytes_per_step: float
+    api_cpu: float = 0.0  # of server_cpu: the API process's (the rest is the workers')
 
     @property
     def p50_ms(self) -> float:
@@ -85,16 +86,23 @@ class ServerCPU:
         self.proc = psutil.Process(pid) if pid else None
 
     def seconds(self) -> float:
+        return sum(self.split())
+
+    def split(self) -> tuple[float, float]:
+        """CPU seconds of the API process itself, and of its descendants (the workers)."""
         if self.proc is None:
-            return 0.0
-        total = 0.0
+            return 0.0, 0.0
+        api = workers = 0.0
         for p in [self.proc, *self.proc.children(recursive=True)]:
             try:
                 t = p.cpu_times()
-                total += t.user + t.system
             except psutil.NoSuchProcess:
-                pass
-        return total
+                continue
+            if p.pid == self.proc.pid:
+                api += t.user + t.system
+            else:
+                workers += t.user + t.system
+        return api, workers
 
 
 def client_cpu() -> float:
@@ -127,21 +135,23 @@ async def measure(
     for _ in range(args.warmup):
         await one()
     rates, latencies = [], []
-    s0, c0 = server.seconds(), client_cpu()
+    (a0, w0), c0 = server.split(), client_cpu()
     for _ in range(args.trials):
         t0 = time.perf_counter()
         for _ in range(args.steps):
             latencies.append(await one())
         rates.append(batch * args.steps / (time.perf_counter() - t0))
     steps = batch * args.steps * args.trials
+    a1, w1 = server.split()
     return Result(
         name,
         batch,
         rates,
         latencies,
-        (server.seconds() - s0) / steps * 1000,
+        (a1 - a0 + w1 - w0) / steps * 1000,
         (client_cpu() - c0) / steps * 1000,
         bytes_per_step,
+        (a1 - a0) / steps * 1000,
     )
 
 
@@ -285,6 +295,7 @@ def table(results: list[Result], title: str) -> Table:
         "p50 ms",
         "p99 ms",
         "server CPU s/1k",
+        "(API+workers)",
         "client CPU s/1k",
         "bytes/step",
     ):
@@ -298,6 +309,7 @@ def table(results: list[Result], title: str) -> Table:
             f"{r.p50_ms:.2f}",
             f"{r.p99_ms:.2f}",
             f"{r.server_cpu:.2f}",
+            f"{r.api_cpu:.2f}+{r.server_cpu - r.api_cpu:.2f}" if r.server_cpu else "-",
             f"{r.client_cpu:.2f}",
             f"{r.bytes_per_step:,.0f}" if r.bytes_per_step else "-",
         )
