@@ -24,6 +24,7 @@ from .messages import Stepped
 from .models import RewardParts, ServiceError, SessionReply, StepItem
 
 if TYPE_CHECKING:
+    from .calls import Sent
     from .sessions import Session
 
 log = logging.getLogger("visenv.service")
@@ -64,7 +65,7 @@ class Rewards:
             )
         return None
 
-    async def grade(self, group: list[tuple[int, StepItem, Session]], answers: list) -> list:
+    async def grade(self, group: Sequence[Sent], answers: list) -> list:
         """Finish the steps a worker applied (`Stepped`): the LLM judge's scores when the
         session's grader is the judge, the guard's penalty, then the reward, assembled by
         `assemble_reward`."""
@@ -84,8 +85,9 @@ class Rewards:
 
         if by_judge:
             await asyncio.gather(*(judge(k, todo) for k, todo in by_judge.items()))
-        for n, ((_, item, session), answer) in enumerate(zip(group, answers, strict=True)):
+        for n, (sent, answer) in enumerate(zip(group, answers, strict=True)):
             if isinstance(answer, Stepped):
+                item, session = sent.item, sent.session
                 penalty = self.penalty(item, session, scores[n], answer.response_key)
                 answers[n] = assemble_reward(answer, scores[n], session.reasoning, penalty)
         return answers

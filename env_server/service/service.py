@@ -50,14 +50,14 @@ import dataclasses
 import gc
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence, Sized
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from typing import Any
 
 from pydantic import ValidationError
 
 from env_server.reasoning import ReasoningConfig
 
+from .calls import Sent, claim, looked_up, send, validated
 from .messages import (
     Close,
     Create,
@@ -65,7 +65,6 @@ from .messages import (
     Forked,
     Frame,
     ListEnv,
-    Message,
     Reset,
     Step,
 )
@@ -84,34 +83,13 @@ from .models import (
     StepItem,
 )
 from .pool import WorkerHandle, WorkerPool
-from .protocol import check_batch, check_env, validate
+from .protocol import check_batch, check_env
 from .rewards import Rewards, writable
 from .session_ids import Origin
 from .sessions import Session, Sessions, step_key
 from .settings import Settings
 
 log = logging.getLogger("visenv.service")
-
-
-@dataclass
-class _Call:
-    """What one kind of call on sessions does on the one path (`EnvService._per_session`)."""
-
-    model: type  # what an item is validated as (str: a session id)
-    message: Callable[[Any, Session], Message]  # the worker message of an item
-    # record a reply the worker answered (the session keeps `writable`'s copy)
-    applied: Callable[[Any, Session, SessionReply], None] | None
-    # the item's session (None: looked up by item.session_id); create makes one
-    find: Callable[[Any], Session | ServiceError | None] = lambda item: None
-    # once no call is in flight on the session: an answer without the worker, or None
-    admit: Callable[[Any, Session], Any] | None = None
-    # the caller's result for any other answer (default: `EnvService._failed`)
-    otherwise: Callable[[Any, Session, Any], Any] | None = None
-    post: Callable[[list, list], Awaitable[list]] | None = None  # e.g. grading steps
-    # sessions reserved with an item's session (by its id), busy and released with it
-    held: Mapping[str, list[Session]] = field(default_factory=dict)
-    twice: str = "appears twice in one batch"  # the error of an id given twice
-    closes: bool = False  # close: `find` forgets the session (it is not live after the wait)
 
 
 class EnvService:
@@ -262,117 +240,137 @@ class EnvService:
     async def create(
         self, items: Sequence[SessionOptions | Mapping[str, Any]]
     ) -> list[SessionReply | ServiceError]:
-        def find(options: SessionOptions) -> Session | ServiceError:
-            """A new session for the options, reserved on the least-loaded worker."""
-            error = check_env(self.env_specs, options.env)
-            try:
-                reasoning = ReasoningConfig.model_validate(options.reasoning)
-            except ValidationError as exc:
-                error = error or ServiceError.from_validation(exc, "reasoning")
+        results = await self._begin(items)
+        todo = []
+        for pos, options in validated(items, SessionOptions, results):
+            session = self._new_session(options)
+            if isinstance(session, ServiceError):
+                results[pos] = session
             else:
-                error = error or self.rewards.check_judge(reasoning)
-            if error is None and self.draining:
-                error = ServiceError(
-                    "UNAVAILABLE", "the server is draining: it takes no new sessions"
-                )
-            if error is None and len(self.sessions) >= self.settings.max_sessions:
-                error = ServiceError(
-                    "CAPACITY",
-                    f"the server holds its maximum of {self.settings.max_sessions} sessions; "
-                    "close some or retry later",
-                )
-            worker = self.pool.pick() if error is None else None
-            if error is None and worker is None:
-                error = ServiceError("UNAVAILABLE", "no worker process is running; retry shortly")
-            return error or self.sessions.reserve(worker, options, reasoning)
+                message = Create(session.id, session.options, session.reasoning)
+                todo.append(Sent(pos, options, session, message))
+        await send(self.pool, self.sessions, todo, results, self._created)
+        return self._finished(results)
 
-        def applied(options: SessionOptions, session: Session, reply: SessionReply) -> None:
-            session.last_reply = reply
-            self._counter(self.metrics.resets, session.env).inc()
+    def _new_session(self, options: SessionOptions) -> Session | ServiceError:
+        """A new session for the options, reserved on the least-loaded worker; or why not."""
+        error = check_env(self.env_specs, options.env)
+        try:
+            reasoning = ReasoningConfig.model_validate(options.reasoning)
+        except ValidationError as exc:
+            error = error or ServiceError.from_validation(exc, "reasoning")
+        else:
+            error = error or self.rewards.check_judge(reasoning)
+        if error is None and self.draining:
+            error = ServiceError("UNAVAILABLE", "the server is draining: it takes no new sessions")
+        if error is None and len(self.sessions) >= self.settings.max_sessions:
+            error = ServiceError(
+                "CAPACITY",
+                f"the server holds its maximum of {self.settings.max_sessions} sessions; "
+                "close some or retry later",
+            )
+        worker = self.pool.pick() if error is None else None
+        if error is None and worker is None:
+            error = ServiceError("UNAVAILABLE", "no worker process is running; retry shortly")
+        return error or self.sessions.reserve(worker, options, reasoning)
 
-        def otherwise(options: SessionOptions, session: Session, answer: Any) -> Any:
-            self.sessions.forget(session)  # the worker made none
-            return answer
-
-        call = _Call(
-            SessionOptions,
-            lambda options, session: Create(session.id, session.options, session.reasoning),
-            applied,
-            find=find,
-            otherwise=otherwise,
-        )
-        return await self._per_session(items, call)
+    async def _created(self, part: list[Sent], answers: list, results: list) -> None:
+        for sent, answer in zip(part, answers, strict=True):
+            if isinstance(answer, SessionReply):
+                sent.session.last_reply, results[sent.pos] = writable(answer)
+                self._counter(self.metrics.resets, sent.session.env).inc()
+            else:
+                self.sessions.forget(sent.session)  # the worker made none
+                results[sent.pos] = answer
 
     async def reset(
         self, items: Sequence[ResetItem | Mapping[str, Any]]
     ) -> list[SessionReply | ServiceError]:
-        def applied(item: ResetItem, session: Session, reply: SessionReply) -> None:
-            session.step_index = 0
-            session.last_reply = reply
-            session.last_step = None
-            self._counter(self.metrics.resets, session.env).inc()
-
-        call = _Call(
-            ResetItem,
-            lambda item, session: Reset(session.id, item.seed, item.image_encoding),
-            applied,
+        results = await self._begin(items)
+        found = await claim(
+            self.sessions, looked_up(self.sessions, items, ResetItem, results), results
         )
-        return await self._per_session(items, call)
+        todo = [
+            Sent(pos, item, session, Reset(session.id, item.seed, item.image_encoding))
+            for pos, item, session in found
+        ]
+        await send(self.pool, self.sessions, todo, results, self._was_reset)
+        return self._finished(results)
+
+    async def _was_reset(self, part: list[Sent], answers: list, results: list) -> None:
+        for sent, answer in zip(part, answers, strict=True):
+            session = sent.session
+            if isinstance(answer, SessionReply):
+                session.last_reply, results[sent.pos] = writable(answer)
+                session.step_index = 0
+                session.last_step = None
+                self._counter(self.metrics.resets, session.env).inc()
+            else:
+                results[sent.pos] = self._failed(session, answer)
 
     async def step(
         self, items: Sequence[StepItem | Mapping[str, Any]]
     ) -> list[SessionReply | ServiceError]:
         started = time.perf_counter()
+        results = await self._begin(items)
+        found = await claim(
+            self.sessions, looked_up(self.sessions, items, StepItem, results), results
+        )
+        todo = []
+        for pos, item, session in found:
+            early = self._check_step(item, session)  # an error, or a retry's stored reply
+            if early is not None:
+                results[pos] = early
+            else:
+                message = Step(session.id, item.response, item.actions, item.image_encoding)
+                todo.append(Sent(pos, item, session, message))
+        await send(self.pool, self.sessions, todo, results, self._stepped)
+        self.metrics.step_seconds.observe(time.perf_counter() - started)
+        return self._finished(results)
 
+    def _check_step(self, item: StepItem, session: Session) -> SessionReply | ServiceError | None:
+        """None: apply the step. Else what it answers without the worker: the stored reply
+        of a retry (the step before, resent with the same body), or its error."""
         most = self.settings.max_actions_per_step
-
-        def admit(item: StepItem, session: Session) -> SessionReply | ServiceError | None:
-            if item.actions is not None and len(item.actions) > most:
+        if item.actions is not None and len(item.actions) > most:
+            return ServiceError(
+                "INVALID_ARGUMENT",
+                f"actions: {len(item.actions)} actions in one step, over this server's "
+                f"limit of {most} (max_actions_per_step, GET /v1/limits)",
+                "actions",
+            )
+        if item.actions is not None and (error := self._arg_error(session.env, item.actions)):
+            return error
+        if item.step_index == session.step_index:
+            return None  # apply it
+        if item.step_index == session.step_index - 1 and session.last_reply is not None:
+            if session.last_step is not None and step_key(item) != session.last_step:
                 return ServiceError(
                     "INVALID_ARGUMENT",
-                    f"actions: {len(item.actions)} actions in one step, over this server's "
-                    f"limit of {most} (max_actions_per_step, GET /v1/limits)",
-                    "actions",
+                    f"step_index {item.step_index} of {session.id} was already applied with "
+                    "a different body; a retry must resend the same body (it then gets the "
+                    f"stored reply), a new turn must use step_index {session.step_index}",
+                    "step_index",
                 )
-            if item.actions is not None and (error := self._arg_error(session.env, item.actions)):
-                return error
-            if item.step_index == session.step_index:
-                return None  # apply it
-            if item.step_index == session.step_index - 1 and session.last_reply is not None:
-                if session.last_step is not None and step_key(item) != session.last_step:
-                    return ServiceError(
-                        "INVALID_ARGUMENT",
-                        f"step_index {item.step_index} of {session.id} was already applied with "
-                        "a different body; a retry must resend the same body (it then gets the "
-                        f"stored reply), a new turn must use step_index {session.step_index}",
-                        "step_index",
-                    )
-                return session.last_reply  # a retry: answered from memory
-            return ServiceError(
-                "FAILED_PRECONDITION",
-                f"step_index {item.step_index} is not the next step of {session.id}: "
-                f"expected {session.step_index}",
-                "step_index",
-            )
-
-        def applied(item: StepItem, session: Session, reply: SessionReply) -> None:
-            session.step_index += 1
-            session.last_reply = reply
-            session.last_step = step_key(item)
-            self._counter(self.metrics.steps, session.env).inc()
-
-        call = _Call(
-            StepItem,
-            lambda item, session: Step(
-                session.id, item.response, item.actions, item.image_encoding
-            ),
-            applied,
-            admit=admit,
-            post=self.rewards.grade,
+            return session.last_reply  # a retry: answered from memory
+        return ServiceError(
+            "FAILED_PRECONDITION",
+            f"step_index {item.step_index} is not the next step of {session.id}: "
+            f"expected {session.step_index}",
+            "step_index",
         )
-        results = await self._per_session(items, call)
-        self.metrics.step_seconds.observe(time.perf_counter() - started)
-        return results
+
+    async def _stepped(self, part: list[Sent], answers: list, results: list) -> None:
+        answers = await self.rewards.grade(part, answers)  # the reward, assembled
+        for sent, answer in zip(part, answers, strict=True):
+            session = sent.session
+            if isinstance(answer, SessionReply):
+                session.last_reply, results[sent.pos] = writable(answer)
+                session.step_index += 1
+                session.last_step = step_key(sent.item)
+                self._counter(self.metrics.steps, session.env).inc()
+            else:
+                results[sent.pos] = self._failed(session, answer)
 
     async def get(self, session_ids: Sequence[str]) -> list[SessionReply | ServiceError]:
         await self.wait_started()
@@ -399,28 +397,24 @@ class EnvService:
 
     async def _close(self, session_ids: Sequence[str], why: str) -> list[ServiceError | None]:
         """`close`, a later call on a session answering "session <id> <why>"."""
-
-        def find(session_id: str) -> Session | ServiceError:
+        results = await self._begin(session_ids, "session_ids")
+        found = []
+        for pos, session_id in enumerate(session_ids):
             session = self.sessions.lookup(session_id)
-            if isinstance(session, Session):
+            if isinstance(session, Session):  # forgotten at once, the reason remembered
                 closed = ServiceError("NOT_FOUND", f"session {session_id} {why}", "session_id")
                 self.sessions.forget(session, closed)
-            return session
+            found.append((pos, session_id, session))
+        found = await claim(self.sessions, found, results, closing=True)
+        todo = [Sent(pos, sid, session, Close(session.id)) for pos, sid, session in found]
+        await send(self.pool, self.sessions, todo, results, self._closed)
+        return self._finished(results)
 
-        def otherwise(session_id: str, session: Session, answer: Any) -> Any:
+    async def _closed(self, part: list[Sent], answers: list, results: list) -> None:
+        for sent, answer in zip(part, answers, strict=True):
             # SESSION_LOST: the environment went with its worker, closed all the same
             lost = isinstance(answer, ServiceError) and answer.code == "SESSION_LOST"
-            return None if lost else answer
-
-        call = _Call(
-            str,
-            lambda _, session: Close(session.id),
-            None,
-            find=find,
-            otherwise=otherwise,
-            closes=True,
-        )
-        return await self._per_session(session_ids, call)
+            results[sent.pos] = None if lost else answer
 
     async def fork(
         self, items: Sequence[ForkItem | Mapping[str, Any]]
@@ -437,52 +431,56 @@ class EnvService:
         info["fork"] = {source, exact, tolerance}), or one error: CAPACITY when n more
         sessions don't fit under the cap, FAILED_PRECONDITION when the env can't snapshot.
         """
-        forks: dict[str, list[Session]] = {}  # by source id: the sessions reserved for it
-
-        def admit(item: ForkItem, source: Session) -> ServiceError | None:
-            if source.last_reply is None:
-                return ServiceError("SESSION_LOST", f"session {source.id} is gone")
-            room = self.settings.max_sessions - len(self.sessions)
-            if item.n > room:
-                return ServiceError(
-                    "CAPACITY",
-                    f"forking {source.id} {item.n} times needs {item.n} sessions, but the "
-                    f"server has room for {max(room, 0)} under its cap of "
-                    f"{self.settings.max_sessions}; close some or ask for fewer",
-                    "n",
-                )
-            forks[source.id] = [
-                self.sessions.reserve(
-                    source.worker,
-                    source.options,
-                    source.reasoning,
-                    step_index=source.step_index,
-                    last_step=source.last_step,
-                )
-                for _ in range(item.n)
-            ]
-            return None
-
-        def message(item: ForkItem, source: Session) -> Fork:
-            return Fork(source.id, tuple(f.id for f in forks[source.id]))
-
-        def otherwise(item: ForkItem, source: Session, answer: Any) -> Any:
-            if isinstance(answer, ServiceError):
-                for fork in forks[source.id]:
-                    self.sessions.forget(fork)
-                return answer
-            return [self._forked(source, fork, answer) for fork in forks[source.id]]
-
-        call = _Call(
-            ForkItem,
-            message,
-            None,
-            admit=admit,
-            otherwise=otherwise,
-            held=forks,
-            twice="appears twice in one fork batch; ask for n forks once",
+        results = await self._begin(items)
+        found = await claim(
+            self.sessions,
+            looked_up(self.sessions, items, ForkItem, results),
+            results,
+            "appears twice in one fork batch; ask for n forks once",
         )
-        return await self._per_session(items, call)
+        todo = []
+        for pos, item, source in found:
+            forks = self._reserve_forks(item, source)
+            if isinstance(forks, ServiceError):
+                results[pos] = forks
+            else:
+                message = Fork(source.id, tuple(f.id for f in forks))
+                todo.append(Sent(pos, item, source, message, held=forks))
+        await send(self.pool, self.sessions, todo, results, self._forks_made)
+        return self._finished(results)
+
+    def _reserve_forks(self, item: ForkItem, source: Session) -> tuple[Session, ...] | ServiceError:
+        """The `item.n` new sessions of a fork, reserved on its source's worker; or why not."""
+        if source.last_reply is None:
+            return ServiceError("SESSION_LOST", f"session {source.id} is gone")
+        room = self.settings.max_sessions - len(self.sessions)
+        if item.n > room:
+            return ServiceError(
+                "CAPACITY",
+                f"forking {source.id} {item.n} times needs {item.n} sessions, but the "
+                f"server has room for {max(room, 0)} under its cap of "
+                f"{self.settings.max_sessions}; close some or ask for fewer",
+                "n",
+            )
+        return tuple(
+            self.sessions.reserve(
+                source.worker,
+                source.options,
+                source.reasoning,
+                step_index=source.step_index,
+                last_step=source.last_step,
+            )
+            for _ in range(item.n)
+        )
+
+    async def _forks_made(self, part: list[Sent], answers: list, results: list) -> None:
+        for sent, answer in zip(part, answers, strict=True):
+            if isinstance(answer, ServiceError):
+                for fork in sent.held:
+                    self.sessions.forget(fork)
+                results[sent.pos] = answer
+            else:
+                results[sent.pos] = [self._forked(sent.session, f, answer) for f in sent.held]
 
     def _forked(self, source: Session, fork: Session, answer: Forked) -> SessionReply:
         """Record a fork the worker made; its reply."""
@@ -547,96 +545,19 @@ class EnvService:
         }
 
     # ---- internals ------------------------------------------------------------------
-    async def _per_session(self, items: Sequence[Any], call: _Call) -> list:
-        """The one path of every call on sessions (create, reset, step, close, fork):
-        validate each item and find its session; wait for the calls in flight on those
-        sessions (calls on one session are serialised), then mark them busy; send one
-        message per worker with its items and record the answers (`_Call` says what each
-        kind of call does at each point)."""
-        self._check_batch(items, "items" if call.model is not str else "session_ids")
+    # Every call on sessions takes the same steps, in order (`calls.py`; create makes its
+    # sessions instead of looking them up, close forgets them before it waits):
+    #   _begin      refuse an oversized call; wait until the service has started
+    #   validated   each item as its model (a bad one answers its own INVALID_ARGUMENT)
+    #   claim       one item per session; wait for the calls in flight on those sessions
+    #               (calls on one session are serialised), then drop the ones gone meanwhile
+    #   send        mark them busy, send each worker its items (in pieces), hand each piece
+    #               of answers to the operation's recorder as it comes, release the sessions
+    async def _begin(self, items: Sized, field: str = "items") -> list[Any]:
+        """The results of a call of `items` (filled in by the steps), once it may go."""
+        self._check_batch(items, field)
         await self.wait_started()
-        results: list[Any] = [None] * len(items)
-        targets: list[tuple[int, Any, Session]] = []
-        seen: set[str] = set()
-        for pos, raw in enumerate(items):
-            item = raw if call.model is str else validate(call.model, raw)
-            session = item if isinstance(item, ServiceError) else call.find(item)
-            if session is None:
-                session = self.sessions.lookup(item.session_id)
-            if isinstance(session, ServiceError):
-                results[pos] = session
-            elif session.id in seen:
-                results[pos] = ServiceError(
-                    "INVALID_ARGUMENT",
-                    f"session {session.id} {call.twice}",
-                    "session_id",
-                )
-            else:
-                seen.add(session.id)
-                targets.append((pos, item, session))
-
-        # wait for calls in flight on these sessions, then mark them busy (no await between)
-        while busy := [s.busy for _, _, s in targets if s.busy is not None]:
-            await asyncio.wait(busy)
-        planned: dict[WorkerHandle, list[tuple[int, Any, Session]]] = {}
-        loop = asyncio.get_running_loop()
-        for pos, item, session in targets:
-            if self.sessions.get(session.id) is not session and not call.closes:
-                results[pos] = self.sessions.lookup(session.id)  # closed or lost meanwhile
-                continue
-            session.last_used = time.monotonic()
-            early = call.admit(item, session) if call.admit is not None else None
-            if early is not None:
-                results[pos] = early
-                continue
-            for held in (session, *call.held.get(session.id, ())):
-                held.busy = loop.create_future()
-            planned.setdefault(session.worker, []).append((pos, item, session))
-
-        async def finish(part: list[tuple[int, Any, Session]], answers: list) -> None:
-            if call.post is not None:
-                answers = await call.post(part, answers)
-            for (pos, item, session), answer in zip(part, answers, strict=True):
-                if call.applied is not None and isinstance(answer, SessionReply):
-                    stored, results[pos] = writable(answer)
-                    call.applied(item, session, stored)
-                elif call.otherwise is not None:
-                    results[pos] = call.otherwise(item, session, answer)
-                else:
-                    results[pos] = self._failed(session, answer)
-
-        async def run(worker: WorkerHandle, group: list[tuple[int, Any, Session]]) -> None:
-            # each piece of the worker's answers is finished as it comes, while the worker
-            # goes on with the next one (`WorkerPool.pieces`)
-            finishing = []
-            try:
-                messages = [call.message(i, s) for _, i, s in group]
-                envs = [s.env for _, _, s in group]
-                try:
-                    async for start, answers in self.pool.pieces(worker, messages, envs):
-                        part = group[start : start + len(answers)]
-                        if start + len(answers) == len(group):  # the last (or only) piece
-                            await finish(part, answers)
-                        else:
-                            finishing.append(asyncio.ensure_future(finish(part, answers)))
-                finally:  # every answer recorded before its session is released
-                    if finishing:
-                        await asyncio.gather(*finishing)
-            finally:
-                for _, _, session in group:
-                    for held in (session, *call.held.get(session.id, ())):
-                        self.sessions.release(held)
-
-        # shielded: a caller that gives up (client gone) must not leave a call applied in
-        # the worker but unrecorded here (a step_index would drift, a session be unknown);
-        # the adapters rely on this and add no shield of their own
-        if len(planned) == 1:  # one worker (most calls): no gather around its one task
-            ((worker, group),) = planned.items()
-            await asyncio.shield(run(worker, group))
-        elif planned:
-            await asyncio.shield(asyncio.gather(*(run(w, g) for w, g in planned.items())))
-        self.metrics.sessions.set(len(self.sessions))
-        return self._count_errors(results)
+        return [None] * len(items)
 
     def _failed(self, session: Session, answer: Any) -> Any:
         """A reset's or step's answer other than a reply: an INTERNAL error means the
@@ -672,6 +593,11 @@ class EnvService:
         if child is None:
             child = self._children[key] = metric.labels(label)
         return child
+
+    def _finished(self, results: list) -> list:
+        """A call on sessions is over: the sessions gauge, the errors counted; its results."""
+        self.metrics.sessions.set(len(self.sessions))
+        return self._count_errors(results)
 
     def _count_errors(self, results: Iterable[Any]) -> list:
         results = list(results)
