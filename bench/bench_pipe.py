@@ -1,8 +1,8 @@
 """The worker pipe and the server's CPU split, on the reference workload
 (../shared/BENCHMARKS.md: 64 Sokoban sessions, PNG, grounding_worldmodeling).
 
-Per message (default): CPU microseconds to pickle (`pool.envelope`) and unpickle
-(`pool.opened`) each kind of message and answer that crosses a worker pipe, in a batch of
+Per message (default): CPU microseconds to pickle (`pipe.envelope`) and unpickle
+(`pipe.opened`) each kind of message and answer that crosses a worker pipe, in a batch of
 64 and alone, best of 7 passes (process time), with its size. The answers are the ones
 this checkout's `Worker` makes for the workload.
 
@@ -59,7 +59,7 @@ def per_message() -> None:
     from env_server.reasoning import ReasoningConfig
     from env_server.service.messages import Create, Reset, Step
     from env_server.service.models import ActionModel, SessionOptions
-    from env_server.service.pool import envelope, opened
+    from env_server.service.pipe import envelope, opened
     from env_server.service.worker import Worker
 
     worker = Worker()

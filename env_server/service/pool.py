@@ -1,13 +1,11 @@
-"""The worker pool: worker processes, the pipe to each (both ends), batching, restarts.
+"""The worker pool, the API process's side: the handles, batching, restarts.
 
 Environments live in worker processes (`worker.Worker` holds a process's sessions and
-answers its messages). This module is everything between the API process and them:
+answers its messages; `worker_process.worker_main` is a process's entry point, the
+worker's end of the pipe). This module is everything of the API process between it and
+them:
 
-- the pipe, both ends: the envelope ``(request_id, body)`` pickled (`envelope`,
-  `opened`) in multiprocessing.Connection's framing (a 4-byte big-endian length, then
-  the bytes: `framed`, `read_framed`), so the worker (`worker_main`) uses a plain
-  Connection while the API process's end (`WorkerHandle`) stays non-blocking; what goes
-  in the envelopes is the worker protocol of `messages.py`;
+- `WorkerHandle`, the API process's end of a worker's pipe (`pipe.py`), non-blocking;
 - request batching (`WorkerHandle.request`): concurrent callers' batches coalesced into
   one message, flush windows;
 - `WorkerPool`: the handles, the least-loaded pick, big batches sent in pieces, the
@@ -19,55 +17,23 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import gc
 import itertools
 import logging
 import multiprocessing
 import os
-import pickle
-import signal
 import socket
-import struct
-import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import Any
-
-from env_server.core import registry
 
 from .messages import Message, Ready, Stop, Warmed
 from .metrics import Metrics
 from .models import ServiceError
+from .pipe import envelope, framed, opened, read_framed
 from .settings import Settings
-from .worker import LOG_FORMAT, Worker
+from .worker_process import worker_main
 
 log = logging.getLogger("visenv.service")
-worker_log = logging.getLogger("visenv.worker")
-
-
-# ---- the pipe ---------------------------------------------------------------------
-def envelope(request_id: int, body: Any) -> bytes:
-    """The pickled envelope of a message (either way over the pipe)."""
-    return pickle.dumps((request_id, body), protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def opened(data: bytes) -> tuple[int, Any]:
-    """(request_id, body) of an envelope."""
-    return pickle.loads(data)
-
-
-def framed(data: bytes) -> bytes:
-    """`data` as multiprocessing.Connection frames it (what its `recv_bytes` reads)."""
-    return struct.pack("!i", len(data)) + data
-
-
-async def read_framed(reader: asyncio.StreamReader) -> bytes:
-    """The next frame's bytes, as multiprocessing.Connection's `send_bytes` framed them."""
-    (size,) = struct.unpack("!i", await reader.readexactly(4))
-    if size == -1:
-        (size,) = struct.unpack("!Q", await reader.readexactly(8))
-    return await reader.readexactly(size)
 
 
 class WorkerLost(Exception):
@@ -466,7 +432,7 @@ class WorkerPool:
 
     async def start(self) -> None:
         if self.settings.start_method == "forkserver":
-            self._ctx.set_forkserver_preload(["env_server.service.pool"])
+            self._ctx.set_forkserver_preload(["env_server.service.worker_process"])
         self.workers = [self._handle(i) for i in range(self.settings.workers)]
         await asyncio.gather(*(w.start() for w in self.workers))
 
@@ -660,64 +626,3 @@ class WorkerPool:
                 return
             except RuntimeError:
                 await asyncio.sleep(0.5 * (attempt + 1))
-
-
-def worker_main(
-    conn: Connection,
-    index: int,
-    env_paths: dict[str, str] | None = None,
-    prewarm: Sequence[str] = (),
-    preload: Sequence[str] = (),
-) -> None:
-    """Entry point of a worker process, the worker's end of the pipe: answer messages
-    (`Worker.handle`) until the pipe closes."""
-    for name, path in (env_paths or {}).items():
-        registry.BUILTIN.setdefault(name, path)
-    # Ctrl-C and SIGTERM to the process group reach the API process, which stops us in order
-    # (and if it dies, the pipe closes and we exit)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # stderr, as the server's
-    worker = Worker()
-    worker.preload(preload)
-    # what exists now (modules) lives as long as the process: out of every later
-    # collection (full ones over it took 100-300 ms under load: step tails)
-    gc.freeze()
-    # an environment bound to its thread (OpenGL) is warmed here, on the main thread,
-    # before Ready (seconds, at start only); the others behind Ready, in a thread
-    first = worker.prewarm([name for name in prewarm if worker.thread_bound(name)])
-    prewarm = [name for name in prewarm if name not in first]
-    if first and not prewarm:
-        gc.freeze()  # the pre-warmed simulators, too
-    conn.send_bytes(envelope(0, Ready(os.getpid(), first)))
-    sending = threading.Lock()  # the pre-warm thread's notices and the answers share the pipe
-
-    def send(data: bytes) -> None:
-        with sending:
-            conn.send_bytes(data)
-
-    def warmed(name: str, took: float | str) -> None:
-        if name == prewarm[-1] and not worker.sessions:
-            gc.freeze()  # the pre-warmed simulators, too
-        try:
-            send(envelope(0, Warmed(name, took)))
-        except (EOFError, OSError):
-            pass  # the server is gone: the main thread exits too
-
-    if prewarm:  # behind Ready, in a thread: messages are answered meanwhile
-        worker.prewarm_behind(list(prewarm), warmed)
-    while True:
-        try:
-            data = conn.recv_bytes()
-        except (EOFError, OSError):
-            break
-        request_id, batch = opened(data)
-        if isinstance(batch, Stop):
-            break
-        try:
-            result = worker.handle(batch)
-        except Exception as exc:  # a malformed message: a bug in the service
-            result = ServiceError.internal(exc, f"worker {index} message", worker_log)
-        send(envelope(request_id, result))
-    for session in worker.sessions.values():
-        session.env.close()
