@@ -160,14 +160,16 @@ def split_once(warmup: int, steps: int) -> None:
 
 # the API process's phases (`--phases`): (module, attribute, label)
 PHASES = [
-    ("env_server.service.pool", "opened", "unpickling the answers"),
-    ("env_server.service.pool", "envelope", "pickling the messages"),
+    ("env_server.service.worker_handle", "opened", "unpickling the answers"),
+    ("env_server.service.worker_handle", "envelope", "pickling the messages"),
     ("env_server.service.rewards", "Rewards.penalty", "the reasoning guard"),
     ("env_server.service.rewards", "assemble_reward", "reward assembly"),
     ("env_server.service.service", "writable", "writable"),
     ("visenv.wire", "batch_to_proto", "replies to protobuf"),
     ("env_server.api.grpc_server", "step_item", "request items (step_item)"),
 ]
+# where a phase's module was in the checkouts before it moved
+MOVED = {"env_server.service.worker_handle": "env_server.service.pool"}
 
 
 def phases_once(warmup: int, steps: int) -> None:
@@ -176,6 +178,7 @@ def phases_once(warmup: int, steps: int) -> None:
     import functools
     import gc
     import importlib
+    import importlib.util
     import json
 
     root = Path.cwd()
@@ -199,6 +202,8 @@ def phases_once(warmup: int, steps: int) -> None:
         setattr(owner, name, timed)
 
     for module, attr, label in PHASES:
+        if module in MOVED and importlib.util.find_spec(module) is None:
+            module = MOVED[module]  # a checkout from before the move
         owner = importlib.import_module(module)
         *path, name = attr.split(".")
         for part in path:
