@@ -1,8 +1,8 @@
 """The worker pipe and the server's CPU split, on the reference workload
 (../shared/BENCHMARKS.md: 64 Sokoban sessions, PNG, grounding_worldmodeling).
 
-Per message (default): CPU microseconds to pickle (`pool.envelope`) and unpickle
-(`pool.opened`) each kind of message and answer that crosses a worker pipe, in a batch of
+Per message (default): CPU microseconds to pickle (`pipe.envelope`) and unpickle
+(`pipe.opened`) each kind of message and answer that crosses a worker pipe, in a batch of
 64 and alone, best of 7 passes (process time), with its size. The answers are the ones
 this checkout's `Worker` makes for the workload.
 
@@ -59,7 +59,7 @@ def per_message() -> None:
     from env_server.reasoning import ReasoningConfig
     from env_server.service.messages import Create, Reset, Step
     from env_server.service.models import ActionModel, SessionOptions
-    from env_server.service.pool import envelope, opened
+    from env_server.service.pipe import envelope, opened
     from env_server.service.worker import Worker
 
     worker = Worker()
@@ -160,14 +160,16 @@ def split_once(warmup: int, steps: int) -> None:
 
 # the API process's phases (`--phases`): (module, attribute, label)
 PHASES = [
-    ("env_server.service.pool", "opened", "unpickling the answers"),
-    ("env_server.service.pool", "envelope", "pickling the messages"),
+    ("env_server.service.worker_handle", "opened", "unpickling the answers"),
+    ("env_server.service.worker_handle", "envelope", "pickling the messages"),
     ("env_server.service.rewards", "Rewards.penalty", "the reasoning guard"),
     ("env_server.service.rewards", "assemble_reward", "reward assembly"),
     ("env_server.service.service", "writable", "writable"),
     ("visenv.wire", "batch_to_proto", "replies to protobuf"),
     ("env_server.api.grpc_server", "step_item", "request items (step_item)"),
 ]
+# where a phase's module was in the checkouts before it moved
+MOVED = {"env_server.service.worker_handle": "env_server.service.pool"}
 
 
 def phases_once(warmup: int, steps: int) -> None:
@@ -176,6 +178,7 @@ def phases_once(warmup: int, steps: int) -> None:
     import functools
     import gc
     import importlib
+    import importlib.util
     import json
 
     root = Path.cwd()
@@ -199,6 +202,8 @@ def phases_once(warmup: int, steps: int) -> None:
         setattr(owner, name, timed)
 
     for module, attr, label in PHASES:
+        if module in MOVED and importlib.util.find_spec(module) is None:
+            module = MOVED[module]  # a checkout from before the move
         owner = importlib.import_module(module)
         *path, name = attr.split(".")
         for part in path:

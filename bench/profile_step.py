@@ -59,7 +59,7 @@ PARTS: list[tuple[str, str]] = [
     ("API: replies to protobuf", r"(^|\.)(fill_proto|to_proto) \("),
     (
         "API: worker pipe (pickle, send, receive)",
-        r"(_read_loop|_send|_call|call) \(.*(service|pool)\.py",
+        r"(_read_loop|_send|_call|call) \(.*(service|pool|worker_handle)\.py",
     ),
     ("API: reward assembly and guard", r"(^|\.)(assemble_reward|_penalty|penalty) \("),
 ]

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from env_server.reasoning import ReasoningConfig, ResponseGuard
 
 from .models import ServiceError, SessionOptions, SessionReply, StepItem
-from .pool import WorkerHandle
 from .protocol import unknown_session
 from .session_ids import Origin
+from .worker_handle import WorkerHandle
 
 
 @dataclass

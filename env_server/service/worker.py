@@ -1,7 +1,8 @@
 """The worker process: holds environments, parses, steps, grades and encodes.
 
 The API process sends one message per batch call (all the items of this worker) over
-a pipe (both ends: `pool.py`, whose `worker_main` runs a `Worker` in each worker process)
+a pipe (`pipe.py`; the API process's end in `pool.py`, the worker's in
+`worker_process.py`, whose `worker_main` runs a `Worker` in each worker process)
 and gets one message back: a list of answers in the same order. The messages,
 their answers and the envelope are the worker protocol of `messages.py`; `Worker.handle`
 answers a batch, dispatching each message on its type. Before its first answer a worker

@@ -19,12 +19,8 @@ from env_server.core import Action, EnvError, Representation, ResponseFormat, re
 from env_server.envs.navigation import NavigationConfig, NavigationEnv, geometry
 from env_server.envs.navigation import ai2thor_backend as thor
 from env_server.envs.navigation.backend import BackendSettings
-from env_server.envs.navigation.miniworld_backend import (
-    Layout,
-    MiniWorldBackend,
-    ObjectSpec,
-    RoomSpec,
-)
+from env_server.envs.navigation.miniworld_backend import MiniWorldBackend
+from env_server.envs.navigation.miniworld_layout import Layout, ObjectSpec, RoomSpec
 from env_server.envs.navigation.render import entity_size as _size
 from env_server.envs.navigation.tasks import TASK_SETS, NavTask, load_task_file
 

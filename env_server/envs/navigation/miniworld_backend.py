@@ -6,14 +6,15 @@ point to lattice point and every point keeps a clearance from the walls. A move 
 when the agent's disc fits at the end point and along the way (walls, furniture); the
 oracle searches the same moves, so its plans always execute.
 
-What the scene looks like and how it is drawn (headless EGL, textures, meshes) is in
-`render.py`, through which this module reaches MiniWorld.
+The layouts (rooms, doors, furniture) and their generation are in `miniworld_layout.py`,
+the walls and free space a layout gives in `miniworld_collision.py`. What the scene looks
+like and how it is drawn (headless EGL, textures, meshes) is in `render.py`, through which
+this module reaches MiniWorld.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,85 +30,23 @@ from .backend import (
     BackendSettings,
 )
 from .geometry import ObjectState, Pose, bearing, relative
-from .render import (
-    CEIL_TEXTURES,
-    COLOR_NAMES,
-    FLOOR_TEXTURES,
-    WALL_TEXTURES,
-    RenderedWorld,
-    entity_size,
-    make_entity,
+from .miniworld_collision import (
+    AGENT_RADIUS,
+    GRID_STEP,
+    free_grid,
+    segments_cross,
+    wall_segments,
 )
-from .tasks import KINDS, NavTask, appearance, object_name, write_instruction
+from .miniworld_layout import Layout, RoomSpec, generate_layout, where_phrase
+from .render import RenderedWorld, make_entity
+from .tasks import KINDS, NavTask, appearance, write_instruction
 
 LATTICE_OFFSET = 0.25  # lattice points sit this far off the 0.5 m wall grid
-AGENT_RADIUS = 0.2
-DOOR_WIDTH = 1.0
 DOOR_HEIGHT = 2.2
-ROOM_SIZES = (3.0, 3.5, 4.0, 4.5, 5.0)
 MAX_VIEW_DISTANCE = 12.0
 CAMERA_HEIGHT = 1.2  # eye height, metres (MiniWorld's default 1.5 hides objects near the feet)
 GENERATION_ATTEMPTS = 60
 START_TRIES = 20  # start cells tried per layout for one that sees an object
-
-
-@dataclass(frozen=True)
-class RoomSpec:
-    min_x: float
-    max_x: float
-    min_z: float
-    max_z: float
-    wall_tex: str
-    floor_tex: str
-    ceil_tex: str
-
-    def contains(self, x: float, z: float) -> bool:
-        return self.min_x <= x <= self.max_x and self.min_z <= z <= self.max_z
-
-    def distance_to(self, x: float, z: float) -> float:
-        """Floor distance from (x, z) to the nearest point of this room (0 inside)."""
-        dx = max(self.min_x - x, 0.0, x - self.max_x)
-        dz = max(self.min_z - z, 0.0, z - self.max_z)
-        return math.hypot(dx, dz)
-
-
-@dataclass(frozen=True)
-class DoorSpec:
-    room_a: int
-    room_b: int
-    axis: str  # "z": the shared wall runs along z (rooms side by side in x); "x": along x
-    lo: float
-    hi: float
-    wall: float  # the shared wall's coordinate (x for axis "z", z for axis "x")
-
-    @property
-    def center(self) -> tuple[float, float]:
-        mid = (self.lo + self.hi) / 2
-        return (self.wall, mid) if self.axis == "z" else (mid, self.wall)
-
-
-@dataclass(frozen=True)
-class ObjectSpec:
-    id: str
-    kind: str
-    color: str | None
-    x: float
-    z: float
-    dir: float
-    radius: float
-    height: float
-    room: int
-
-    @property
-    def name(self) -> str:
-        return object_name(self.kind, self.color)
-
-
-@dataclass
-class Layout:
-    rooms: list[RoomSpec]
-    doors: list[DoorSpec]
-    objects: list[ObjectSpec] = field(default_factory=list)
 
 
 class _World(RenderedWorld):
@@ -161,19 +100,6 @@ def _take_world(image_size: int) -> _World:
     return free.pop() if free else _World(image_size)
 
 
-def _segments_cross(p: np.ndarray, q: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """For each segment a[k]-b[k] (floor plane, shape (n, 2)): does it cross segment p-q?"""
-
-    def orient(u, v, w):
-        return (v[..., 0] - u[..., 0]) * (w[..., 1] - u[..., 1]) - (v[..., 1] - u[..., 1]) * (
-            w[..., 0] - u[..., 0]
-        )
-
-    d1, d2 = orient(a, b, p), orient(a, b, q)
-    d3, d4 = orient(p, q, a), orient(p, q, b)
-    return (d1 * d2 < 0) & (d3 * d4 < 0)
-
-
 class MiniWorldBackend(Backend):
     def __init__(self, settings: BackendSettings) -> None:
         self.settings = settings
@@ -211,8 +137,8 @@ class MiniWorldBackend(Backend):
         self.layout = layout
         self._free.clear()
         self._passable.clear()
-        self._walls = _wall_segments(layout)
-        self._grid = _free_grid(layout, self._walls)
+        self._walls = wall_segments(layout)
+        self._grid = free_grid(layout, self._walls)
 
     def _is_free(self, x: float, z: float) -> bool:
         """Whether the agent's disc fits at (x, z): the point's cell of the fine free grid."""
@@ -252,7 +178,7 @@ class MiniWorldBackend(Backend):
     def _try_generate(
         self, task_set: str, rng: np.random.Generator, max_actions: int
     ) -> NavTask | None:
-        layout, target = _generate_layout(task_set, rng)
+        layout, target = generate_layout(task_set, rng)
         if target is None:
             return None
         target_room = target.room
@@ -300,7 +226,7 @@ class MiniWorldBackend(Backend):
             return None
         x, z = self.cell_xz(cell)
         kind = KINDS[target.kind]
-        where = _where(layout, target)
+        where = where_phrase(layout, target)
         instruction = write_instruction(
             task_set,
             rng,
@@ -414,7 +340,7 @@ class MiniWorldBackend(Backend):
                 and abs(bearing(right, forward)) <= half_fov + margin
                 and high >= pitch - half_fov
                 and low <= pitch + half_fov
-                and not _segments_cross(eye, np.array([o.x, o.z]), walls[:, 0], walls[:, 1]).any()
+                and not segments_cross(eye, np.array([o.x, o.z]), walls[:, 0], walls[:, 1]).any()
             )
             out.append(ObjectState(o.id, o.name, o.x, o.z, bool(visible)))
         return out
@@ -448,189 +374,3 @@ TASK_SET_SALT = {
     "visual_appearance": 3,
     "long_horizon": 4,
 }
-
-
-# ---- collision geometry ---------------------------------------------------------------------
-
-GRID_STEP = 0.125  # metres; lattice points and the points checked along a move all lie on it
-
-
-def _wall_segments(layout: Layout) -> np.ndarray:
-    """The rooms' walls with the doorways cut out, as floor segments (n, 2, 2) of (x, z).
-
-    The same walls MiniWorld builds from the layout (rectangles, portals from floor up).
-    """
-    edges: list[tuple[str, float, float, float]] = []  # (runs along, fixed coord, lo, hi)
-    for r in layout.rooms:
-        edges += [("x", r.min_z, r.min_x, r.max_x), ("x", r.max_z, r.min_x, r.max_x)]
-        edges += [("z", r.min_x, r.min_z, r.max_z), ("z", r.max_x, r.min_z, r.max_z)]
-    segments = []
-    for axis, fixed, lo, hi in edges:
-        pieces = [(lo, hi)]
-        for d in layout.doors:
-            if d.axis == axis and math.isclose(d.wall, fixed):
-                pieces = [
-                    part
-                    for a, b in pieces
-                    for part in ((a, min(b, d.lo)), (max(a, d.hi), b))
-                    if part[1] - part[0] > 1e-9
-                ]
-        for a, b in pieces:
-            segments.append(((a, fixed), (b, fixed)) if axis == "x" else ((fixed, a), (fixed, b)))
-    return np.array(segments, dtype=float).reshape(-1, 2, 2)
-
-
-def _free_grid(layout: Layout, walls: np.ndarray) -> np.ndarray:
-    """free[i, j]: the agent's disc at (i, j) * GRID_STEP touches no wall and no object.
-
-    Same test as MiniWorld's `intersect` (distance < radius collides), vectorised.
-    """
-    max_x = max(r.max_x for r in layout.rooms)
-    max_z = max(r.max_z for r in layout.rooms)
-    xs = np.arange(0, round(max_x / GRID_STEP) + 1) * GRID_STEP
-    zs = np.arange(0, round(max_z / GRID_STEP) + 1) * GRID_STEP
-    px, pz = np.meshgrid(xs, zs, indexing="ij")
-    points = np.stack([px.ravel(), pz.ravel()], axis=1)  # (n, 2)
-    a, b = walls[:, 0], walls[:, 1]  # (m, 2)
-    ab = b - a
-    t = np.clip(((points[:, None, :] - a) * ab).sum(-1) / (ab * ab).sum(-1), 0.0, 1.0)
-    closest = a + t[..., None] * ab
-    free = np.linalg.norm(points[:, None, :] - closest, axis=-1).min(axis=1) >= AGENT_RADIUS
-    for o in layout.objects:
-        free &= np.hypot(points[:, 0] - o.x, points[:, 1] - o.z) >= AGENT_RADIUS + o.radius
-    inside = np.zeros(len(points), dtype=bool)
-    for r in layout.rooms:
-        inside |= (
-            (points[:, 0] >= r.min_x) & (points[:, 0] <= r.max_x)
-            & (points[:, 1] >= r.min_z) & (points[:, 1] <= r.max_z)
-        )  # fmt: skip
-    return (free & inside).reshape(len(xs), len(zs))
-
-
-# ---- procedural generation -----------------------------------------------------------------
-
-
-def _choice(rng: np.random.Generator, options):
-    return options[int(rng.integers(len(options)))]
-
-
-def _generate_rooms(task_set: str, rng: np.random.Generator) -> Layout:
-    if task_set == "long_horizon":
-        shapes = ((1, 2), (2, 1), (1, 3), (3, 1), (2, 2))
-    else:
-        shapes = ((1, 1), (1, 1), (1, 2), (2, 1), (2, 2))
-    rows, cols = _choice(rng, shapes)
-    widths = [_choice(rng, ROOM_SIZES) for _ in range(cols)]
-    depths = [_choice(rng, ROOM_SIZES) for _ in range(rows)]
-    rooms = []
-    for r in range(rows):
-        for c in range(cols):
-            rooms.append(
-                RoomSpec(
-                    min_x=sum(widths[:c]),
-                    max_x=sum(widths[: c + 1]),
-                    min_z=sum(depths[:r]),
-                    max_z=sum(depths[: r + 1]),
-                    wall_tex=_choice(rng, WALL_TEXTURES),
-                    floor_tex=_choice(rng, FLOOR_TEXTURES),
-                    ceil_tex=_choice(rng, CEIL_TEXTURES),
-                )
-            )
-    pairs = [(r * cols + c, r * cols + c + 1) for r in range(rows) for c in range(cols - 1)]
-    pairs += [(r * cols + c, (r + 1) * cols + c) for r in range(rows - 1) for c in range(cols)]
-    if len(pairs) == 4 and rng.random() < 0.5:  # a 2x2 house: sometimes a loop, sometimes not
-        pairs.pop(int(rng.integers(4)))
-    doors = []
-    for a, b in pairs:
-        ra, rb = rooms[a], rooms[b]
-        if ra.max_x == rb.min_x:  # side by side: the shared wall runs along z
-            axis, wall, lo, hi = "z", ra.max_x, ra.min_z, ra.max_z
-        else:
-            axis, wall, lo, hi = "x", ra.max_z, ra.min_x, ra.max_x
-        slots = int((hi - lo - DOOR_WIDTH - 1.0) / STEP_METRES) + 1
-        start = lo + 0.5 + STEP_METRES * int(rng.integers(slots))
-        doors.append(DoorSpec(a, b, axis, start, start + DOOR_WIDTH, wall))
-    return Layout(rooms, doors)
-
-
-def _pick_target(task_set: str, rng: np.random.Generator) -> tuple[str, str | None]:
-    if task_set == "visual_appearance":
-        kinds = [k for k in KINDS.values() if k.colored]
-    elif task_set == "common_sense":
-        kinds = [k for k in KINDS.values() if k.use]
-    else:
-        kinds = list(KINDS.values())
-    kind = _choice(rng, kinds)
-    return kind.name, (_choice(rng, COLOR_NAMES) if kind.colored else None)
-
-
-def _place(
-    layout: Layout, rng: np.random.Generator, kind: str, color: str | None, room: int
-) -> ObjectSpec | None:
-    r = layout.rooms[room]
-    radius, height = entity_size(kind, color)
-    for _ in range(100):
-        x = float(rng.uniform(r.min_x + radius + 0.15, r.max_x - radius - 0.15))
-        z = float(rng.uniform(r.min_z + radius + 0.15, r.max_z - radius - 0.15))
-        if any(math.dist((x, z), d.center) < radius + 1.0 for d in layout.doors):
-            continue
-        if any(math.dist((x, z), (o.x, o.z)) < radius + o.radius + 0.5 for o in layout.objects):
-            continue
-        obj = ObjectSpec(
-            id=f"{object_name(kind, color).replace(' ', '_')}_{len(layout.objects)}",
-            kind=kind,
-            color=color,
-            x=round(x, 3),
-            z=round(z, 3),
-            dir=round(float(rng.uniform(-math.pi, math.pi)), 3),
-            radius=radius,
-            height=height,
-            room=room,
-        )
-        layout.objects.append(obj)
-        return obj
-    return None
-
-
-def _generate_layout(task_set: str, rng: np.random.Generator) -> tuple[Layout, ObjectSpec | None]:
-    """Rooms, doors and furniture; returns the layout and its target object."""
-    layout = _generate_rooms(task_set, rng)
-    n_rooms = len(layout.rooms)
-    target_room = int(rng.integers(n_rooms))
-    kind, color = _pick_target(task_set, rng)
-    target = _place(layout, rng, kind, color, target_room)
-    if target is None:
-        return layout, None
-    names = {target.name}
-    categories = {KINDS[kind].category}
-    if task_set == "visual_appearance":  # look-alikes of other colours next to the target
-        others = [c for c in COLOR_NAMES if c != color]
-        for c in rng.choice(others, size=int(rng.integers(1, 3)), replace=False):
-            if _place(layout, rng, kind, str(c), target_room) is not None:
-                names.add(object_name(kind, str(c)))
-    for room in range(n_rooms):
-        r = layout.rooms[room]
-        area = (r.max_x - r.min_x) * (r.max_z - r.min_z)
-        count = int(rng.integers(2, 4)) + (1 if area >= 16 else 0)
-        for _ in range(count):
-            k = _choice(rng, list(KINDS))
-            c = _choice(rng, COLOR_NAMES) if KINDS[k].colored else None
-            if object_name(k, c) in names:
-                continue
-            if task_set == "common_sense" and KINDS[k].category in categories:
-                continue  # the target's description must fit one object only
-            if _place(layout, rng, k, c, room) is not None:
-                names.add(object_name(k, c))
-    return layout, target
-
-
-def _where(layout: Layout, target: ObjectSpec) -> str:
-    """' near the doorway' / ' next to the barrel' / '' for appearance instructions."""
-    if any(math.dist((target.x, target.z), d.center) < 2.0 for d in layout.doors):
-        return " near the doorway"
-    others = [o for o in layout.objects if o.id != target.id and o.room == target.room]
-    if others:
-        nearest = min(others, key=lambda o: math.dist((o.x, o.z), (target.x, target.z)))
-        if math.dist((nearest.x, nearest.z), (target.x, target.z)) < 2.0:
-            return f" next to the {nearest.name}"
-    return ""

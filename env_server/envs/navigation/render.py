@@ -3,7 +3,7 @@
 Rendering goes through pyglet's headless (EGL) mode, which must be chosen before pyglet's
 GL module is imported: this module sets it before importing MiniWorld, and the backend
 reaches MiniWorld only through it. What the rooms and objects look like (textures,
-meshes, colours) is chosen here; where they are is `miniworld_backend.py`'s business.
+meshes, colours) is chosen here; where they are is `miniworld_layout.py`'s business.
 (The AI2-THOR backend's image is Unity's frame, see `ai2thor_backend.py`.)
 """
 
