@@ -116,3 +116,28 @@ def check_batch(items: Sized, limit: int, field: str = "items") -> None:
 def unknown_session(session_id: str) -> ServiceError:
     """What a call on a session id that no server holds (or ever held) answers."""
     return ServiceError("NOT_FOUND", f"no session {session_id!r}", "session_id")
+
+
+def check_actions(spec: EnvSpec, actions: Sequence[Any] | None, most: int) -> ServiceError | None:
+    """Why a step's explicit `actions` can't go to environment `spec`, or None: more than
+    `most` (max_actions_per_step), or numbers given to an action that takes none (a
+    discrete name, e.g. Left; a call action's count is the environment's to judge)."""
+    if actions is None:
+        return None
+    if len(actions) > most:
+        return ServiceError(
+            "INVALID_ARGUMENT",
+            f"actions: {len(actions)} actions in one step, over this server's "
+            f"limit of {most} (max_actions_per_step, GET /v1/limits)",
+            "actions",
+        )
+    takes = {name.lower(): n for name, n in (spec.action_space or {}).get("arity", {}).items()}
+    for pos, action in enumerate(actions):
+        if action.args and not takes.get(action.name.strip().lower()):
+            return ServiceError(
+                "INVALID_ARGUMENT",
+                f"actions.{pos}.args: action {action.name!r} takes no arguments, "
+                f"{len(action.args)} given",
+                f"actions.{pos}.args",
+            )
+    return None

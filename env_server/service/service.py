@@ -37,10 +37,10 @@ How it works: environments live in worker processes; this (API) process only rou
 - `rewards.py`: a step's reward, assembled in this process from what the worker
   measured, the LLM judge's scores and the reasoning guard's penalty.
 
-Every call on sessions (create, reset, step, close, fork) takes one path,
-`_per_session`: a `step_index` retry cache answers a step repeated with the previous
-index from memory (never applied twice), and concurrent calls on one session are
-serialised.
+Every call on sessions (create, reset, step, close, fork) is written out below as plain
+code over the same steps (`calls.py`: validate, claim the sessions, send, record), so
+concurrent calls on one session are serialised; a step repeated with the previous
+`step_index` is answered from memory (`Session.check_step_index`), never applied twice.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ from .models import (
     StepItem,
 )
 from .pool import WorkerHandle, WorkerPool
-from .protocol import check_batch, check_env
+from .protocol import check_actions, check_batch, check_env
 from .rewards import Rewards, writable
 from .session_ids import Origin
 from .sessions import Session, Sessions, step_key
@@ -318,7 +318,9 @@ class EnvService:
         )
         todo = []
         for pos, item, session in found:
-            early = self._check_step(item, session)  # an error, or a retry's stored reply
+            early = check_actions(
+                self.env_specs[session.env], item.actions, self.settings.max_actions_per_step
+            ) or session.check_step_index(item)  # an error, or a retry's stored reply
             if early is not None:
                 results[pos] = early
             else:
@@ -327,38 +329,6 @@ class EnvService:
         await send(self.pool, self.sessions, todo, results, self._stepped)
         self.metrics.step_seconds.observe(time.perf_counter() - started)
         return self._finished(results)
-
-    def _check_step(self, item: StepItem, session: Session) -> SessionReply | ServiceError | None:
-        """None: apply the step. Else what it answers without the worker: the stored reply
-        of a retry (the step before, resent with the same body), or its error."""
-        most = self.settings.max_actions_per_step
-        if item.actions is not None and len(item.actions) > most:
-            return ServiceError(
-                "INVALID_ARGUMENT",
-                f"actions: {len(item.actions)} actions in one step, over this server's "
-                f"limit of {most} (max_actions_per_step, GET /v1/limits)",
-                "actions",
-            )
-        if item.actions is not None and (error := self._arg_error(session.env, item.actions)):
-            return error
-        if item.step_index == session.step_index:
-            return None  # apply it
-        if item.step_index == session.step_index - 1 and session.last_reply is not None:
-            if session.last_step is not None and step_key(item) != session.last_step:
-                return ServiceError(
-                    "INVALID_ARGUMENT",
-                    f"step_index {item.step_index} of {session.id} was already applied with "
-                    "a different body; a retry must resend the same body (it then gets the "
-                    f"stored reply), a new turn must use step_index {session.step_index}",
-                    "step_index",
-                )
-            return session.last_reply  # a retry: answered from memory
-        return ServiceError(
-            "FAILED_PRECONDITION",
-            f"step_index {item.step_index} is not the next step of {session.id}: "
-            f"expected {session.step_index}",
-            "step_index",
-        )
 
     async def _stepped(self, part: list[Sent], answers: list, results: list) -> None:
         answers = await self.rewards.grade(part, answers)  # the reward, assembled
@@ -569,21 +539,6 @@ class EnvService:
                 "create a new session",
             ))  # fmt: skip
         return answer
-
-    def _arg_error(self, env: str, actions: Sequence[Any]) -> ServiceError | None:
-        """INVALID_ARGUMENT for an explicit action given numbers its action takes none of
-        (a discrete name, e.g. Left); a call action's count is the environment's to judge."""
-        space = self.env_specs[env].action_space or {}
-        takes = {name.lower(): n for name, n in space.get("arity", {}).items()}
-        for pos, action in enumerate(actions):
-            if action.args and not takes.get(action.name.strip().lower()):
-                return ServiceError(
-                    "INVALID_ARGUMENT",
-                    f"actions.{pos}.args: action {action.name!r} takes no arguments, "
-                    f"{len(action.args)} given",
-                    f"actions.{pos}.args",
-                )
-        return None
 
     def _counter(self, metric: Any, label: str) -> Any:
         """`metric.labels(label)`, looked up once (prometheus checks the labels per call:

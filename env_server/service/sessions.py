@@ -39,6 +39,29 @@ class Session:
     # the body of the last step applied (`step_key`): a retry must resend the same
     last_step: tuple | None = None
 
+    def check_step_index(self, item: StepItem) -> SessionReply | ServiceError | None:
+        """None: `item` is this session's next step, to apply. Else what it answers without
+        its worker: the stored reply of a retry (the last step, resent with the same body),
+        or why its step_index is wrong."""
+        if item.step_index == self.step_index:
+            return None
+        if item.step_index == self.step_index - 1 and self.last_reply is not None:
+            if self.last_step is not None and step_key(item) != self.last_step:
+                return ServiceError(
+                    "INVALID_ARGUMENT",
+                    f"step_index {item.step_index} of {self.id} was already applied with "
+                    "a different body; a retry must resend the same body (it then gets the "
+                    f"stored reply), a new turn must use step_index {self.step_index}",
+                    "step_index",
+                )
+            return self.last_reply  # a retry: answered from memory
+        return ServiceError(
+            "FAILED_PRECONDITION",
+            f"step_index {item.step_index} is not the next step of {self.id}: "
+            f"expected {self.step_index}",
+            "step_index",
+        )
+
 
 def step_key(item: StepItem) -> tuple:
     """What makes two step bodies the same request (a retry), step_index aside."""
