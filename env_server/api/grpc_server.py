@@ -36,14 +36,13 @@ from env_server.service.models import (
     StepItem,
 )
 from env_server.service.protocol import SessionService
-from env_server.service.settings import Settings
+from env_server.service.settings import OFFLOAD_ITEMS, Settings
 from visenv import wire
 from visenv.v1 import visenv_pb2 as pb
 from visenv.v1 import visenv_pb2_grpc as pb_grpc
 
 log = logging.getLogger("visenv.grpc")
 
-OFFLOAD_ITEMS = 64  # batch replies longer than this are built in a thread
 # calls that never need the token
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
 M = TypeVar("M", bound=BaseModel)
