@@ -1,7 +1,7 @@
 """The layering of DESIGN.md, read from the imports of every module (ast, so that imports
 inside functions count too):
 
-    visenv_cli  ->  trainer  ->  clients  ->  visenv (wire: generated code + wire.py)
+    visenv_cli  ->  trainer  ->  clients  ->  visenv (wire: generated code + wire/)
     visenv_cli  ->  env_server: api -> service -> envs, reasoning -> core  ->  visenv
 
 and no import cycle between modules.

@@ -36,15 +36,13 @@ from env_server.service.models import (
     StepItem,
 )
 from env_server.service.protocol import SessionService
-from env_server.service.settings import Settings
+from env_server.service.settings import OFFLOAD_ITEMS, Settings
 from visenv import wire
 from visenv.v1 import visenv_pb2 as pb
 from visenv.v1 import visenv_pb2_grpc as pb_grpc
 
 log = logging.getLogger("visenv.grpc")
 
-MAX_SEND_BYTES = 256 * 1024 * 1024  # replies: large batches of images
-OFFLOAD_ITEMS = 64  # batch replies longer than this are built in a thread
 # calls that never need the token
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
 M = TypeVar("M", bound=BaseModel)
@@ -185,20 +183,17 @@ def _structured_errors(method: Callable[..., Awaitable[Any]]) -> Callable[..., A
     return wrapper
 
 
-# the calls a `Calls` stream carries: request field -> (the unary method, reply field)
-STREAMED = {field: (method, reply) for method, (field, reply) in wire.STREAMED.items()}
-
-
 # calls one `Calls` stream may have in flight; past it, its next request is read when one
 # is answered (grpc's flow control then holds the client back), as grpc's cap on streams
 # per connection (100) bounds unary calls
 STREAM_MAX_CALLS = 128
 
 
-class _CallStream:
-    """One `Calls` stream on the server: its calls in flight (a task each) and the answers
-    waiting to be written; None in `answers` ends the stream (no more requests, and every
-    call answered)."""
+class _ServedStream:
+    """The server end of one `Calls` stream (the client end is visenv.wire.channel's
+    `_CallStream`; both read the method table of visenv.wire.stream): its calls in flight
+    (a task each) and the answers waiting to be written; None in `answers` ends the stream
+    (no more requests, and every call answered)."""
 
     def __init__(self) -> None:
         self.answers: asyncio.Queue[pb.CallResponse | None] = asyncio.Queue()
@@ -229,7 +224,7 @@ class _CallStream:
 class VisenvServicer(pb_grpc.VisenvServicer):
     def __init__(self, service: SessionService) -> None:
         self.service = service
-        self._streams: set[_CallStream] = set()
+        self._streams: set[_ServedStream] = set()
 
     @_structured_errors
     async def ListEnvs(
@@ -304,7 +299,7 @@ class VisenvServicer(pb_grpc.VisenvServicer):
         the same method as its unary call, and is answered (with its id) when it finishes.
         The stream ends when the client has sent its last request and every call is
         answered, or when the server stops (`end_streams`)."""
-        stream = _CallStream()
+        stream = _ServedStream()
         self._streams.add(stream)
 
         undecodable: list[Undecodable] = []
@@ -336,19 +331,20 @@ class VisenvServicer(pb_grpc.VisenvServicer):
     ) -> pb.CallResponse:
         """One call of a stream: its reply, or its whole-call error, under its id."""
         kind = request.WhichOneof("call")
+        calls = wire.STREAMED_CALLS  # call field -> (the unary method, reply field)
         try:
             if kind is None:
                 raise ServiceError(
                     "INVALID_ARGUMENT",
-                    f"CallRequest {request.id} carries no call: set one of {', '.join(STREAMED)}",
+                    f"CallRequest {request.id} carries no call: set one of {', '.join(calls)}",
                     "call",
                 )
-            method, field = STREAMED[kind]
+            method, field = calls[kind]
             unary = getattr(type(self), method).__wrapped__
             reply = await unary(self, getattr(request, kind), context)
             return pb.CallResponse(id=request.id, **{field: reply})
         except Exception as exc:  # answered in the stream, which goes on
-            error = _call_error(self, exc, STREAMED.get(kind or "", ("Calls",))[0])
+            error = _call_error(self, exc, calls.get(kind or "", ("Calls",))[0])
             return pb.CallResponse(id=request.id, error=wire.Error.of(error).to_proto())
 
     def end_streams(self) -> None:
@@ -445,7 +441,7 @@ def build_grpc_server(
     server = grpc.aio.server(
         interceptors=[DecodeInterceptor(), *([TokenInterceptor(token)] if token else [])],
         options=[
-            ("grpc.max_send_message_length", MAX_SEND_BYTES),
+            ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES),  # replies: big batches
             ("grpc.max_receive_message_length", receive),
             ("grpc.so_reuseport", 0),
             *options,

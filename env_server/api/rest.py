@@ -43,6 +43,7 @@ from env_server.service.models import (
     StepBody,
 )
 from env_server.service.protocol import SessionService
+from env_server.service.settings import OFFLOAD_ITEMS
 from visenv import wire
 
 from .compat.common import PREFIX as COMPAT_PREFIX
@@ -62,7 +63,6 @@ def replies(model: Any) -> dict[str, Any]:
     return {"response_model": None, "responses": {200: {"model": model}, **ERRORS}}
 
 
-OFFLOAD_ITEMS = 64  # batch replies longer than this are written in a thread
 OFFLOAD_BODY_BYTES = 64 * 1024  # JSON bodies longer than this are parsed in a thread
 
 

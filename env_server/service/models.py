@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 from pydantic import (
@@ -77,6 +78,21 @@ def _text(value: str) -> str:
 Text = Annotated[str, AfterValidator(_text)]  # a string of valid Unicode
 
 
+def nonfinite_places(value: Any, where: str) -> Iterator[str]:
+    """Where the non-finite numbers (NaN, infinities: JSON can't hold them) in a JSON-like
+    value sit: the one check, for requests' free-form objects (`json_problem`) and for
+    every reply from a worker (rewards.writable)."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            yield where
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from nonfinite_places(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for n, item in enumerate(value):
+            yield from nonfinite_places(item, f"{where}.{n}")
+
+
 def json_problem(value: Any, where: str, depth: int = 1) -> str | None:
     """Why a free-form JSON value can't be taken (nested deeper than MAX_JSON_DEPTH, a
     number that is not finite, a string or key that is not valid Unicode), naming where;
@@ -84,8 +100,9 @@ def json_problem(value: Any, where: str, depth: int = 1) -> str | None:
     if isinstance(value, str):
         problem = text_problem(value)
         return f"{where}: {problem}" if problem else None
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"{where}: {value} is not a finite number"
+    if isinstance(value, float):
+        for place in nonfinite_places(value, where):
+            return f"{place}: {value} is not a finite number"
     if isinstance(value, dict | list):
         if depth > MAX_JSON_DEPTH:
             return f"{where}: nested more than {MAX_JSON_DEPTH} deep (MAX_JSON_DEPTH)"
@@ -339,7 +356,7 @@ def _rebuild_error(code: str, message: str, field: str | None, error_id: str | N
 
 
 __all__ = [
-    "MAX_ACTION_ARGS", "MAX_FORKS", "MAX_JSON_DEPTH", "SEED_LIMIT", "Seed", "Text", "json_problem", "ActionModel", "BatchClose", "BatchCreate", "BatchFork", "BatchReset",
+    "MAX_ACTION_ARGS", "MAX_FORKS", "MAX_JSON_DEPTH", "SEED_LIMIT", "Seed", "Text", "json_problem", "nonfinite_places", "ActionModel", "BatchClose", "BatchCreate", "BatchFork", "BatchReset",
     "BatchStep", "EnvSpec", "ForkBody", "ForkItem", "ImageEncoding",
     "ResetBody", "ResetItem", "Result", "RewardParts", "ServiceError", "SessionOptions", "SessionReply",
     "StepBody", "StepItem",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from env_server.reasoning import Judge, ReasoningConfig, ResponseGuard, TurnScore
 
 from .messages import Stepped
-from .models import RewardParts, ServiceError, SessionReply, StepItem
+from .models import RewardParts, ServiceError, SessionReply, StepItem, nonfinite_places
 
 if TYPE_CHECKING:
     from .calls import Sent
@@ -124,22 +124,9 @@ class Rewards:
             fork.guard = self.guard_of(source).copy()
 
 
-def _nonfinite(value: Any, where: str) -> Iterator[str]:
-    """Where the non-finite numbers in a JSON-like value sit."""
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            yield where
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _nonfinite(item, f"{where}.{key}")
-    elif isinstance(value, list):
-        for n, item in enumerate(value):
-            yield from _nonfinite(item, f"{where}.{n}")
-
-
 def _unless_text(holder: Any, name: str, where: str) -> Iterator[str]:
     if holder.json_text(name) is None:
-        yield from _nonfinite(getattr(holder, name), where)
+        yield from nonfinite_places(getattr(holder, name), where)
 
 
 def writable(reply: SessionReply) -> tuple[SessionReply, SessionReply | ServiceError]:
@@ -153,8 +140,8 @@ def writable(reply: SessionReply) -> tuple[SessionReply, SessionReply | ServiceE
     # (a part that came as JSON text, `wire.JSONText`, has none: the worker wrote it so)
     obs = reply.observation
     bad = [
-        *_nonfinite(reply.reward, "reward"),
-        *_nonfinite(reply.reward_parts.to_json(), "reward_parts"),
+        *nonfinite_places(reply.reward, "reward"),
+        *nonfinite_places(reply.reward_parts.to_json(), "reward_parts"),
         *_unless_text(obs, "ground_truth", "observation.ground_truth"),
         *_unless_text(obs, "info", "observation.info"),
         *_unless_text(reply, "info", "info"),

@@ -13,6 +13,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .session_ids import NODE_PATTERN
 
+# a batch reply of more items than this is written off the event loop, in a thread (REST's
+# JSON, gRPC's proto message), so that other sessions' calls are answered meanwhile
+OFFLOAD_ITEMS = 64
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VISENV_", extra="ignore")

@@ -4,7 +4,8 @@ generated stub), answering every call as REST's JSON batch items.
 It is deliberately independent of `visenv.wire` (and of the SDK in clients/): the server
 contract checks the server's mapping between the wire and the service with this hand-written
 mapping, so that a bug in `visenv.wire`'s mapping is not hidden by the same code on both
-sides of the check.
+sides of the check. (Only its gRPC channel is opened by visenv.wire's `open_channel`, the one
+place that opens channels: that is no part of the mapping.)
 """
 
 from __future__ import annotations
@@ -92,14 +93,13 @@ class RestWire(WireClient):
 
 class GrpcWire(WireClient):
     def __init__(self, address: str, token: str | None = None) -> None:
-        import grpc
-
         from visenv.v1 import visenv_pb2 as pb
         from visenv.v1 import visenv_pb2_grpc as pb_grpc
+        from visenv.wire.channel import MAX_MESSAGE_BYTES, open_channel
 
         self.pb = pb
-        self.channel = grpc.insecure_channel(
-            address, options=[("grpc.max_receive_message_length", 256 << 20)]
+        self.channel = open_channel(
+            address, sync=True, options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
         )
         self.stub = pb_grpc.VisenvStub(self.channel)
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
