@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from clients.client import EnvClient
+from clients import EnvClient
 from clients.eval import train_level_seed
 from examples.learn_frozenlake import ENV, FORMAT, MAX_TURNS, env_config, start_server
 from trainer.model import load_policy

@@ -246,7 +246,7 @@ async def bytes_per_env_step(
     kind: str, client: AsyncEnvClient, ids: list[str], encoding: str
 ) -> float:
     """Request + reply bytes of one batched step, per session (measured once, untimed)."""
-    transport = client._servers[0]  # noqa: SLF001  (the benchmark looks under the hood)
+    transport = client._router.servers[0].transport  # noqa: SLF001  (the benchmark looks under the hood)
     transport = getattr(transport, "inner", transport)  # under the limits' splitter
     rng = random.Random(1)
     items = [StepItem(sid, client.next_step_index(sid), response=response(rng)) for sid in ids]

@@ -54,7 +54,7 @@ Errors (clients.errors): VisenvError(code, message, field) and its subclasses
 gymnasium adapter: clients.gym_env.RemoteEnv (imported lazily: `from clients import RemoteEnv`).
 """
 
-from .client import TOKEN_ENV_VAR, AsyncEnvClient, EnvClient
+from .client import TOKEN_ENV_VAR, AsyncEnvClient
 from .errors import (
     CapacityError,
     DeadlineExceeded,
@@ -69,6 +69,7 @@ from .errors import (
     VisenvError,
 )
 from .rollout import PolicyInput, Trajectory, Turn, run_episodes
+from .sync_client import EnvClient
 from .types import (
     ActionSpec,
     EnvSpec,

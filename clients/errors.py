@@ -19,6 +19,7 @@ class VisenvError(Exception):
     """Base of all visenv client errors."""
 
     code: str = "INTERNAL"
+    error_id: str | None = None  # an INTERNAL error's id, as the server's log carries it
 
     def __init__(self, message: str, code: str | None = None, field: str | None = None) -> None:
         super().__init__(message)
@@ -34,8 +35,8 @@ class VisenvError(Exception):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(code={self.code!r}, message={self.message!r}, field={self.field!r})"
 
-    def __reduce__(self):  # keep code/field when pickled (multiprocessing, Ray)
-        return (_rebuild, (self.code, self.message, self.field))
+    def __reduce__(self):  # keep code/field/error_id when pickled (multiprocessing, Ray)
+        return (_rebuild, (self.code, self.message, self.field, self.error_id))
 
 
 class InvalidArgument(VisenvError):
@@ -109,11 +110,17 @@ def error_from_code(code: str, message: str, field: str | None = None) -> Visenv
 
 def error_from_wire(err: Error) -> VisenvError:
     """The typed exception of a wire `Error` (a batch item's, or a whole call's)."""
-    return error_from_code(err.code, err.message, err.field)
+    error = error_from_code(err.code, err.message, err.field)
+    error.error_id = err.error_id
+    return error
 
 
-def _rebuild(code: str, message: str, field: str | None) -> VisenvError:
-    return error_from_code(code, message, field)
+def _rebuild(
+    code: str, message: str, field: str | None, error_id: str | None = None
+) -> VisenvError:
+    error = error_from_code(code, message, field)
+    error.error_id = error_id
+    return error
 
 
 class ConnectionFailure(Exception):

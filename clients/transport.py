@@ -19,7 +19,7 @@ import httpx
 
 from visenv import wire
 from visenv.v1 import visenv_pb2 as pb
-from visenv.wire import StepItem
+from visenv.wire import ForkItem, ResetItem, StepItem
 
 from .errors import (
     ConnectionFailure,
@@ -35,12 +35,25 @@ ForkResult = list[SessionReply] | VisenvError  # a fork item is answered whole
 
 
 class Transport(ABC):
-    """Batch calls to one server. `address` is how the client names that server."""
+    """Batch calls to one server. `address` is how the client names that server.
 
-    def __init__(self, address: str, token: str | None, timeout: float) -> None:
+    Replies are `reply_type`: the SDK's `SessionReply` (which carries `server`, the
+    address), or the wire's own (a gateway passes them on as they came)."""
+
+    def __init__(
+        self,
+        address: str,
+        token: str | None,
+        timeout: float,
+        reply_type: type[wire.SessionReply] = SessionReply,
+    ) -> None:
         self.address = address
+        self.label = address  # how its own error messages name the server
         self.token = token
         self.timeout = timeout
+        self.reply_type = reply_type
+        # what each reply is made with besides the server's answer
+        self.reply_extra = {"server": address} if issubclass(reply_type, SessionReply) else {}
 
     @abstractmethod
     async def list_envs(self) -> list[EnvSpec]: ...
@@ -52,7 +65,7 @@ class Transport(ABC):
     async def create(self, items: list[SessionOptions]) -> list[ItemResult]: ...
 
     @abstractmethod
-    async def reset(self, items: list[tuple[str, int | None]]) -> list[ItemResult]: ...
+    async def reset(self, items: list[ResetItem]) -> list[ItemResult]: ...
 
     @abstractmethod
     async def step(self, items: list[StepItem]) -> list[ItemResult]: ...
@@ -68,8 +81,8 @@ class Transport(ABC):
         """The PNG of the latest image each session showed, or its error."""
 
     @abstractmethod
-    async def fork(self, items: list[tuple[str, int]]) -> list[ForkResult]:
-        """(session_id, n) items: each answers its n forks' replies, or one error."""
+    async def fork(self, items: list[ForkItem]) -> list[ForkResult]:
+        """Each item answers its n forks' replies, or one error."""
 
     @abstractmethod
     async def aclose(self) -> None: ...
@@ -83,8 +96,14 @@ class HttpTransport(Transport):
 
     CONNECTIONS = 64  # per server
 
-    def __init__(self, address: str, token: str | None, timeout: float) -> None:
-        super().__init__(address, token, timeout)
+    def __init__(
+        self,
+        address: str,
+        token: str | None,
+        timeout: float,
+        reply_type: type[wire.SessionReply] = SessionReply,
+    ) -> None:
+        super().__init__(address, token, timeout, reply_type)
         base = address if "://" in address else f"http://{address}"
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.AsyncClient(
@@ -129,16 +148,18 @@ class HttpTransport(Transport):
         return await self._call("GET", "/health")
 
     def _results(self, data: dict[str, Any]) -> list[ItemResult]:
-        return _typed(wire.batch_from_json(data, SessionReply, server=self.address))
+        return _typed(wire.batch_from_json(data, self.reply_type, **self.reply_extra))
 
     async def create(self, items: list[SessionOptions]) -> list[ItemResult]:
         data = await self._call("POST", "/v1/batch/create", {"items": [o.to_json() for o in items]})
         return self._results(data)
 
-    async def reset(self, items: list[tuple[str, int | None]]) -> list[ItemResult]:
+    async def reset(self, items: list[ResetItem]) -> list[ItemResult]:
         body = [
-            {"session_id": sid} | ({"seed": seed} if seed is not None else {})
-            for sid, seed in items
+            {"session_id": it.session_id}
+            | ({"seed": it.seed} if it.seed is not None else {})
+            | ({"image_encoding": it.image_encoding} if it.image_encoding is not None else {})
+            for it in items
         ]
         return self._results(await self._call("POST", "/v1/batch/reset", {"items": body}))
 
@@ -157,7 +178,7 @@ class HttpTransport(Transport):
                 if isinstance(exc, DeadlineExceeded) or exc.code == "UNAUTHENTICATED":
                     raise
                 return exc
-            return SessionReply.from_json(data, server=self.address)
+            return self.reply_type.from_json(data, **self.reply_extra)
 
         return list(await asyncio.gather(*(one(sid) for sid in session_ids)))
 
@@ -178,10 +199,10 @@ class HttpTransport(Transport):
 
         return list(await asyncio.gather(*(one(sid) for sid in session_ids)))
 
-    async def fork(self, items: list[tuple[str, int]]) -> list[ForkResult]:
-        body = {"items": [{"session_id": sid, "n": n} for sid, n in items]}
+    async def fork(self, items: list[ForkItem]) -> list[ForkResult]:
+        body = {"items": [{"session_id": it.session_id, "n": it.n} for it in items]}
         data = await self._call("POST", "/v1/batch/fork", body)
-        return _typed(wire.fork_from_json(data, SessionReply, server=self.address))
+        return _typed(wire.fork_from_json(data, self.reply_type, **self.reply_extra))
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -216,9 +237,14 @@ class GrpcTransport(Transport):
     calls go over one `Calls` stream (`wire.Channel`)."""
 
     def __init__(
-        self, address: str, token: str | None, timeout: float, stream: bool = True
+        self,
+        address: str,
+        token: str | None,
+        timeout: float,
+        stream: bool = True,
+        reply_type: type[wire.SessionReply] = SessionReply,
     ) -> None:
-        super().__init__(address, token, timeout)
+        super().__init__(address, token, timeout, reply_type)
         target = address.split("://", 1)[1] if "://" in address else address
         self.rpc = wire.Channel(target, token, timeout, stream=stream)
 
@@ -234,11 +260,12 @@ class GrpcTransport(Transport):
             return error_from_code(code, exc.details() or "")
         status = exc.code()
         if status == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return DeadlineExceeded(f"{self.address}: no reply within {self.timeout}s")
+            return DeadlineExceeded(f"{self.label}: no reply within {self.timeout}s")
         if status == grpc.StatusCode.UNAVAILABLE:
-            return ConnectionFailure(f"{self.address}: {exc.details()}", sent=True)
+            details = exc.details() or ""
+            return ConnectionFailure(f"{self.label}: {details}", sent=not _not_connected(details))
         # e.g. a bare RESOURCE_EXHAUSTED: grpc's own message size limit
-        return error_from_code(wire.code_of_grpc(status), f"{self.address}: {exc.details()}")
+        return error_from_code(wire.code_of_grpc(status), f"{self.label}: {exc.details()}")
 
     async def list_envs(self) -> list[EnvSpec]:
         resp = await self._call("ListEnvs", pb.ListEnvsRequest())
@@ -249,15 +276,20 @@ class GrpcTransport(Transport):
         return json.loads(resp.status_json or "{}")
 
     def _results(self, resp: pb.BatchResponse) -> list[ItemResult]:
-        return _typed(wire.batch_from_proto(resp, SessionReply, server=self.address))
+        return _typed(wire.batch_from_proto(resp, self.reply_type, **self.reply_extra))
 
     async def create(self, items: list[SessionOptions]) -> list[ItemResult]:
         req = pb.CreateRequest(items=[o.to_proto() for o in items])
         return self._results(await self._call("Create", req))
 
-    async def reset(self, items: list[tuple[str, int | None]]) -> list[ItemResult]:
+    async def reset(self, items: list[ResetItem]) -> list[ItemResult]:
         req = pb.ResetRequest(
-            items=[pb.ResetItem(session_id=sid, seed=seed) for sid, seed in items]
+            items=[
+                pb.ResetItem(
+                    session_id=it.session_id, seed=it.seed, image_encoding=it.image_encoding
+                )
+                for it in items
+            ]
         )
         return self._results(await self._call("Reset", req))
 
@@ -275,13 +307,23 @@ class GrpcTransport(Transport):
         resp = await self._call("Frame", pb.FrameRequest(session_ids=session_ids))
         return _typed(wire.frames_from_proto(resp))
 
-    async def fork(self, items: list[tuple[str, int]]) -> list[ForkResult]:
-        req = pb.ForkRequest(items=[pb.ForkItem(session_id=sid, n=n) for sid, n in items])
+    async def fork(self, items: list[ForkItem]) -> list[ForkResult]:
+        req = pb.ForkRequest(items=[pb.ForkItem(session_id=it.session_id, n=it.n) for it in items])
         resp = await self._call("Fork", req)
-        return _typed(wire.fork_from_proto(resp, SessionReply, server=self.address))
+        return _typed(wire.fork_from_proto(resp, self.reply_type, **self.reply_extra))
 
     async def aclose(self) -> None:
         await self.rpc.aclose()
+
+
+# grpc's words for a connection that could not be made (refused, no route, no such name):
+# such a call never reached the server, so even a create may be sent again
+_NOT_CONNECTED = ("failed to connect", "connection refused", "dns resolution failed")
+
+
+def _not_connected(details: str) -> bool:
+    lowered = details.lower()
+    return any(words in lowered for words in _NOT_CONNECTED)
 
 
 # ---- splitting by the server's limits -------------------------------------------------
@@ -302,7 +344,7 @@ class SplittingTransport(Transport):
     BYTES_SHARE = 0.8  # of max_request_bytes: room for the envelope the estimate misses
 
     def __init__(self, inner: Transport) -> None:
-        super().__init__(inner.address, inner.token, inner.timeout)
+        super().__init__(inner.address, inner.token, inner.timeout, inner.reply_type)
         self.inner = inner
         self._limits: tuple[int, int] | None = None  # (items, bytes)
         self._parallel = asyncio.Semaphore(self.PARALLEL)
@@ -358,7 +400,7 @@ class SplittingTransport(Transport):
     async def create(self, items: list[SessionOptions]) -> list[ItemResult]:
         return await self._split(self.inner.create, items)
 
-    async def reset(self, items: list[tuple[str, int | None]]) -> list[ItemResult]:
+    async def reset(self, items: list[ResetItem]) -> list[ItemResult]:
         return await self._split(self.inner.reset, items)
 
     async def step(self, items: list[StepItem]) -> list[ItemResult]:
@@ -373,7 +415,7 @@ class SplittingTransport(Transport):
     async def frame(self, session_ids: list[str]) -> list[bytes | VisenvError]:
         return await self._split(self.inner.frame, session_ids)
 
-    async def fork(self, items: list[tuple[str, int]]) -> list[ForkResult]:
+    async def fork(self, items: list[ForkItem]) -> list[ForkResult]:
         return await self._split(self.inner.fork, items)
 
     async def aclose(self) -> None:
@@ -402,8 +444,10 @@ def make_transport(
 
 
 __all__ = [
+    "ForkItem",
     "GrpcTransport",
     "HttpTransport",
+    "ResetItem",
     "SplittingTransport",
     "StepItem",
     "Transport",

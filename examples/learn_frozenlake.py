@@ -93,7 +93,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from clients.client import EnvClient
+from clients import EnvClient
 from clients.eval import eval_level_seeds, train_level_seed
 from clients.rollout import PolicyInput, Trajectory
 from clients.types import SessionOptions

@@ -3,6 +3,7 @@ inside functions count too):
 
     visenv_cli  ->  trainer  ->  clients  ->  visenv (wire: generated code + wire/)
     visenv_cli  ->  env_server: api -> service -> envs, reasoning -> core  ->  visenv
+                               service (the gateway) -> clients (its transport and router)
 
 and no import cycle between modules.
 """
@@ -24,7 +25,8 @@ ALLOWED = {
     "env_server.core": {"visenv"},
     "env_server.envs": {"visenv", "env_server.core"},
     "env_server.reasoning": {"visenv", "env_server.core"},
-    "env_server.service": {"visenv", "env_server.core", "env_server.reasoning"},
+    # the gateway is a client of its upstreams: the SDK's gRPC transport and router
+    "env_server.service": {"visenv", "clients", "env_server.core", "env_server.reasoning"},
     "env_server.api": {
         "visenv", "env_server.core", "env_server.reasoning", "env_server.service",
     },

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from clients.client import EnvClient
+from clients import EnvClient
 from clients.rollout import PolicyInput, Trajectory
 
 from .rollout import HFPolicy, attach_rewards

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from clients.client import EnvClient
+from clients import EnvClient
 from clients.episodes import episode_json, write_episodes
 from clients.eval import train_level_seed
 

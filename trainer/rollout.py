@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
-from clients.client import EnvClient
+from clients import EnvClient
 from clients.errors import VisenvError
 from clients.openai_policy import OpenAIPolicy
 from clients.rollout import PolicyInput, Trajectory

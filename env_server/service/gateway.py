@@ -16,6 +16,11 @@ adapters serve it exactly as they serve `EnvService`; only where sessions live d
   routes every session; an id naming a node the gateway does not know is NOT_FOUND,
   and no connection is made for it (ids name servers, never addresses).
 - A new session goes to the least-loaded upstream that offers its environment.
+- The routing is the SDK's own `clients.router.Router` (the same placement and one batch
+  per server), with the gateway's `locate` hook (the id names its server), and each
+  upstream is the SDK's `GrpcTransport`; their errors become the gateway's at its edge
+  (`service_error`), and a call that got no answer at all (`ConnectionFailure`) is the
+  upstream being down.
 - It publishes, and holds every call to, its upstreams' limits (the strictest of each), so
   a call over `max_batch_items` is refused whole, at once, as a server refuses it.
 - Steps are passed through with the client's own `step_index`, so a retried step is
@@ -40,6 +45,9 @@ from typing import Any
 
 from prometheus_client import Gauge
 
+from clients.errors import ConnectionFailure, VisenvError
+from clients.router import Router, Server
+from clients.transport import GrpcTransport
 from visenv import wire
 
 from .metrics import Metrics
@@ -55,24 +63,31 @@ from .models import (
 )
 from .protocol import check_batch, check_env, unknown_session, validate
 from .session_ids import NODE_PATTERN, Origin, origin_of
-from .upstream import Upstream, UpstreamDown
 
 log = logging.getLogger("visenv.gateway")
 HEALTH_PROBE_SECONDS = 2.0  # how long /health waits for the upstreams' own figures
 
 
-@dataclass(eq=False)
-class _Server:
-    """One upstream server as the gateway last saw it."""
+def service_error(exc: VisenvError) -> ServiceError:
+    """An upstream's error (as the SDK's transport gives it) as the gateway's own; its
+    deadline passing is the upstream being unavailable."""
+    error = ServiceError(
+        "UNAVAILABLE" if exc.code == "DEADLINE_EXCEEDED" else exc.code, exc.message, exc.field
+    )
+    error.error_id = exc.error_id
+    return error
 
-    address: str
-    rpc: Upstream
+
+@dataclass(eq=False)
+class _Server(Server):
+    """One upstream server as the gateway last saw it (`Server`: its transport, load,
+    environments, and whether it drains, as it last reported)."""
+
+    envs: set[str] | None = field(default_factory=set)  # none until it answers
+    sessions: int = 0  # as it last reported, plus those placed there since
     pinned: str | None = None  # the node id its configuration gives (NODE=address)
     node: str | None = None  # what it answered (its Status)
     boot: str | None = None
-    envs: set[str] = field(default_factory=set)
-    sessions: int = 0  # as it last reported, plus those placed there since
-    draining: bool = False  # as it last reported: it takes no new sessions
     down_since: float | None = None  # monotonic time of the first failure in a row
     resolved: bool = True  # its address is among its name's current addresses
     limits: dict[str, Any] = field(default_factory=dict)  # as its Status said
@@ -115,7 +130,8 @@ class GatewayService:
         self.max_request_bytes = max_request_bytes  # its own (REST bodies, gRPC messages)
         self.metrics = Metrics()
         self.env_specs: dict[str, EnvSpec] = {}
-        self._servers: dict[str, _Server] = {}  # address -> server
+        # the upstreams, sorted by address; a session's server is named by its id
+        self.router: Router[_Server] = Router(locate=self._route, any_server=False)
         self._task: asyncio.Task | None = None
         self._up_gauge = Gauge(
             "visenv_gateway_upstream_up",
@@ -148,7 +164,7 @@ class GatewayService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await asyncio.gather(
-            *(s.rpc.aclose() for s in self._servers.values()), return_exceptions=True
+            *(s.transport.aclose() for s in self.router.servers), return_exceptions=True
         )
 
     async def __aenter__(self) -> GatewayService:
@@ -168,10 +184,12 @@ class GatewayService:
 
     # ---- discovery ---------------------------------------------------------------
     def _server(self, address: str) -> _Server:
-        server = self._servers.get(address)
+        server = next((s for s in self.router.servers if s.address == address), None)
         if server is None:
-            server = _Server(address, Upstream(address, self.token, self.timeout))
-            self._servers[address] = server
+            rpc = GrpcTransport(address, self.token, self.timeout, reply_type=wire.SessionReply)
+            rpc.label = f"upstream {address}"
+            server = self.router.add(_Server(rpc))
+            self.router.servers.sort(key=lambda s: s.address)  # ties go to the first
         return server
 
     @staticmethod
@@ -195,16 +213,16 @@ class GatewayService:
             current.update([address] if node else await self._resolve(address))
         for address in current:
             self._server(address)
-        for server in list(self._servers.values()):
+        for server in list(self.router.servers):
             server.resolved = server.address in current
             if not server.resolved and not server.up and self._gone(server):
                 await self._drop(server)  # vanished from its name and silent: a removed replica
-        await asyncio.gather(*(self._probe(s) for s in list(self._servers.values())))
+        await asyncio.gather(*(self._probe(s) for s in list(self.router.servers)))
 
     async def _probe(self, server: _Server) -> None:
         """Ask `server` its node, boot and load (and, if new, its environments)."""
         try:
-            status = await server.rpc.status()
+            status = await server.transport.status()
             node, boot = str(status.get("node", "")), str(status.get("boot", ""))
             if not node or not boot:
                 raise ServiceError("INTERNAL", "its Status names no node and boot (an old server?)")
@@ -213,13 +231,13 @@ class GatewayService:
                     "INTERNAL", f"it says it is node {node!r}, not {server.pinned!r}"
                 )
             if boot != server.boot:
-                specs = await server.rpc.list_envs()
+                specs = await server.transport.list_envs()
                 server.envs = {s.name for s in specs if s.available and s.enabled}
                 self._learn(specs)
-        except UpstreamDown:
+        except ConnectionFailure:
             self._mark_down(server)
             return
-        except ServiceError as exc:
+        except (ServiceError, VisenvError) as exc:
             log.error("gateway: upstream %s is not usable: %s", server.address, exc.message)
             self._mark_down(server)
             return
@@ -233,7 +251,7 @@ class GatewayService:
         server.sessions = int(status.get("sessions", 0))
         server.draining = bool(status.get("draining", False))
         server.limits = status.get("limits") or {}
-        for other in list(self._servers.values()):
+        for other in list(self.router.servers):
             if other is not server and other.node == node and not other.up and not other.pinned:
                 await self._drop(other)  # the node moved to a new address (a pod re-created)
         self._mark_up(server)
@@ -245,11 +263,11 @@ class GatewayService:
                 self.env_specs[s.name] = s
 
     async def _drop(self, server: _Server) -> None:
-        self._servers.pop(server.address, None)
+        self.router.remove(server)
         for gauge in (self._up_gauge, self._sessions_gauge):
             with contextlib.suppress(KeyError):
                 gauge.remove(*server.labels())
-        await server.rpc.aclose()
+        await server.transport.aclose()
 
     def _mark_up(self, server: _Server) -> None:
         server.down_since = None
@@ -270,26 +288,27 @@ class GatewayService:
         down = server.down_since
         return down is not None and time.monotonic() - down > self.lost_after
 
-    # ---- routing -----------------------------------------------------------------
+    # ---- routing (the router's hooks and its calls) --------------------------------
     def _place(self, env: str) -> _Server | ServiceError:
-        offered = [s for s in self._servers.values() if s.up and env in s.envs]
-        candidates = [s for s in offered if not s.draining] or offered  # all draining: it says
-        if not candidates:
-            if env in self.env_specs or not any(s.up for s in self._servers.values()):
-                return ServiceError(
-                    "UNAVAILABLE",
-                    f"no upstream server can run environment {env!r} now "
-                    f"(upstreams: {', '.join(self.upstream_names)})",
-                )
-            unknown = check_env(self.env_specs, env)  # not among them: NOT_FOUND, as a server
-            assert unknown is not None
-            return unknown
-        return min(candidates, key=lambda s: (s.sessions, s.address))
+        """The least-loaded upstream that answers and offers `env`, one not draining if
+        there is one (if all drain, one of them says so), counted there at once."""
+        (where,) = self.router.place([env], [s for s in self.router.servers if s.up])
+        if where is not None:
+            return where
+        if env in self.env_specs or not any(s.up for s in self.router.servers):
+            return ServiceError(
+                "UNAVAILABLE",
+                f"no upstream server can run environment {env!r} now "
+                f"(upstreams: {', '.join(self.upstream_names)})",
+            )
+        unknown = check_env(self.env_specs, env)  # not among them: NOT_FOUND, as a server
+        assert unknown is not None
+        return unknown
 
     def _route(self, session_id: str) -> _Server | ServiceError:
-        """The server that holds `session_id`, from the id alone."""
+        """The router's `locate` hook: the server that holds `session_id`, from the id alone."""
         origin = origin_of(session_id)
-        named = [] if origin is None else [s for s in self._servers.values() if s.names(origin)]
+        named = [] if origin is None else [s for s in self.router.servers if s.names(origin)]
         if origin is None or not named:
             return unknown_session(session_id)
         for server in named:
@@ -298,42 +317,32 @@ class GatewayService:
         pending = [s for s in named if s.boot is None]  # pinned, and not reached yet
         return _unreachable(pending[0]) if pending else _lost(session_id, named[0])
 
-    async def _fan_out(
-        self, routed: list[tuple[_Server | ServiceError, Any]], call: str
-    ) -> list[Any]:
-        """Send each server its items in one batch; answers in the order of `routed`."""
-        results: list[Any] = [None] * len(routed)
-        groups: dict[_Server, list[int]] = {}
-        for i, (where, _) in enumerate(routed):
-            if isinstance(where, ServiceError):
-                results[i] = where
-            else:
-                groups.setdefault(where, []).append(i)
+    async def _fan_out(self, routed: list[Any], payload: list[Any], call: str) -> list[Any]:
+        """Each upstream its items (`payload`, routed by `routed`: a server, or the item's
+        answer already) in one batch, by the router; answers in order, as ServiceErrors."""
 
-        async def one(server: _Server, indices: list[int]) -> None:
-            payload = [routed[i][1] for i in indices]
+        async def send(server: _Server, positions: list[int]) -> list[Any]:
+            items = [payload[i] for i in positions]
             try:
-                answers = await getattr(server.rpc, call)(payload)
-            except UpstreamDown:
+                answers = await getattr(server.transport, call)(items)
+            except ConnectionFailure:  # no answer at all: the upstream is down
                 self._mark_down(server)
                 error = _unreachable(server)
                 if call != "create" and self._gone(server):
                     error = ServiceError(
                         "SESSION_LOST", f"upstream {server.describe()} is gone, with its sessions"
                     )
-                answers = [error] * len(indices)
-            except ServiceError as exc:
-                answers = [exc] * len(indices)
-            else:
-                if server.down_since is not None:
-                    self._mark_up(server)
-                if call != "create" and any(_unknown_session(a) for a in answers):
-                    answers = await self._restarted(server, payload, answers)
-            for i, answer in zip(indices, answers, strict=True):
-                results[i] = answer
+                return [error] * len(items)
+            except VisenvError as exc:
+                return [service_error(exc)] * len(items)
+            if server.down_since is not None:
+                self._mark_up(server)
+            answers = [service_error(a) if isinstance(a, VisenvError) else a for a in answers]
+            if call != "create" and any(_unknown_session(a) for a in answers):
+                answers = await self._restarted(server, items, answers)
+            return answers
 
-        await asyncio.gather(*(one(s, idx) for s, idx in groups.items()))
-        return results
+        return await self.router.fan_out(routed, send)
 
     async def _restarted(self, server: _Server, payload: list, answers: list) -> list:
         """The upstream does not know some sessions: if it restarted (asked now), they were
@@ -341,7 +350,7 @@ class GatewayService:
         await self._probe(server)
         out = []
         for item, answer in zip(payload, answers, strict=True):
-            sid = item if isinstance(item, str) else _session_of(item)
+            sid = item if isinstance(item, str) else item.session_id
             origin = origin_of(sid)
             if _unknown_session(answer) and origin is not None and origin.boot != server.boot:
                 answer = _lost(sid, server)
@@ -354,7 +363,7 @@ class GatewayService:
 
     def envs_ready(self) -> dict[str, bool]:
         """Per environment: whether an upstream that offers it answers now."""
-        up = set().union(*(s.envs for s in self._servers.values() if s.up))
+        up = set().union(*(s.envs or () for s in self.router.servers if s.up))
         return {name: name in up for name in sorted(self.env_specs)}
 
     async def list_envs(self) -> list[EnvSpec]:
@@ -364,7 +373,7 @@ class GatewayService:
         """The upstreams' limits, the strictest of each (and the gateway's own request
         size); empty while no upstream has answered."""
         out: dict[str, Any] = {}
-        for server in self._servers.values():
+        for server in self.router.servers:
             for key, value in server.limits.items():
                 known = out.get(key)
                 if known is None or (isinstance(value, int) and isinstance(known, int)):
@@ -380,78 +389,70 @@ class GatewayService:
 
     async def create(self, items: Sequence[SessionOptions | Mapping[str, Any]]) -> list[Result]:
         self._check_batch(items)
-        routed: list[tuple[_Server | ServiceError, Any]] = []
+        routed: list[Any] = []  # a server, or the item's error
+        payload: list[Any] = []
         for item in items:
             options = validate(SessionOptions, item)
             if isinstance(options, ServiceError):
-                routed.append((options, None))
-                continue
-            where = self._place(options.env)
-            if not isinstance(where, ServiceError):
-                where.sessions += 1  # counted now so one batch spreads out
-            routed.append((where, wire.SessionOptions(**options.model_dump(mode="json"))))
-        results = await self._fan_out(routed, "create")
-        for (where, _), result in zip(routed, results, strict=True):
+                routed.append(options)
+                payload.append(None)
+            else:  # counted on its server as placed, so that one batch spreads out
+                routed.append(self._place(options.env))
+                payload.append(wire.SessionOptions(**options.model_dump(mode="json")))
+        results = await self._fan_out(routed, payload, "create")
+        for where, result in zip(routed, results, strict=True):
             if isinstance(where, _Server) and not isinstance(result, SessionReply):
                 where.sessions -= 1
         return results
 
-    async def reset(self, items: Sequence[ResetItem | Mapping[str, Any]]) -> list[Result]:
+    async def _routed(self, model: type, items: Sequence[Any], call: str, make: Any) -> list[Any]:
+        """Each item validated as `model`, sent as `make(item)` to the server its session
+        id names (the router's `locate`), one batch per upstream."""
         self._check_batch(items)
-        routed: list[tuple[_Server | ServiceError, Any]] = []
+        routed: list[Any] = []
+        payload: list[Any] = []
         for item in items:
-            req = validate(ResetItem, item)
-            if isinstance(req, ServiceError):
-                routed.append((req, None))
-            else:
-                call = (req.session_id, req.seed, req.image_encoding)
-                routed.append((self._route(req.session_id), call))
-        return await self._fan_out(routed, "reset")
+            req = validate(model, item)
+            routed.append(
+                req if isinstance(req, ServiceError) else self.router.locate(req.session_id)
+            )
+            payload.append(None if isinstance(req, ServiceError) else make(req))
+        return await self._fan_out(routed, payload, call)
+
+    async def reset(self, items: Sequence[ResetItem | Mapping[str, Any]]) -> list[Result]:
+        return await self._routed(
+            ResetItem,
+            items,
+            "reset",
+            lambda r: wire.ResetItem(r.session_id, r.seed, r.image_encoding),
+        )
 
     async def step(self, items: Sequence[StepItem | Mapping[str, Any]]) -> list[Result]:
-        self._check_batch(items)
-        routed: list[tuple[_Server | ServiceError, Any]] = []
-        for item in items:
-            req = validate(StepItem, item)
-            if isinstance(req, ServiceError):
-                routed.append((req, None))
-                continue
-            actions = None
-            if req.actions is not None:
-                actions = tuple(
-                    wire.ActionSpec(a.name, tuple(a.args), a.payload) for a in req.actions
-                )
-            step = wire.StepItem(
-                req.session_id, req.step_index, req.response, actions, req.image_encoding
-            )
-            routed.append((self._route(req.session_id), step))
-        return await self._fan_out(routed, "step")
+        return await self._routed(StepItem, items, "step", _wire_step)
 
     async def get(self, session_ids: Sequence[str]) -> list[Result]:
-        self._check_batch(session_ids, "session_ids")
-        return await self._fan_out([(self._route(sid), sid) for sid in session_ids], "get")
+        return await self._by_id(session_ids, "get")
 
     async def close(self, session_ids: Sequence[str]) -> list[ServiceError | None]:
+        return await self._by_id(session_ids, "close")
+
+    async def _by_id(self, session_ids: Sequence[str], call: str) -> list[Any]:
         self._check_batch(session_ids, "session_ids")
-        return await self._fan_out([(self._route(sid), sid) for sid in session_ids], "close")
+        routed = [self.router.locate(sid) for sid in session_ids]
+        return await self._fan_out(routed, list(session_ids), call)
 
     async def fork(
         self, items: Sequence[ForkItem | Mapping[str, Any]]
     ) -> list[list[SessionReply] | ServiceError]:
         """Forks are made by the source's upstream (on its worker); their ids name it."""
-        self._check_batch(items)
-        routed: list[tuple[_Server | ServiceError, Any]] = []
-        for item in items:
-            req = validate(ForkItem, item)
-            if isinstance(req, ServiceError):
-                routed.append((req, None))
-            else:
-                routed.append((self._route(req.session_id), (req.session_id, req.n)))
-        return await self._fan_out(routed, "fork")
+        return await self._routed(
+            ForkItem, items, "fork", lambda r: wire.ForkItem(r.session_id, r.n)
+        )
 
     async def frame(self, session_id: str) -> bytes:
         """The upstream's frame of the session (its Frame RPC: the latest image shown)."""
-        result = (await self._fan_out([(self._route(session_id), session_id)], "frame"))[0]
+        routed = [self.router.locate(session_id)]
+        result = (await self._fan_out(routed, [session_id], "frame"))[0]
         if isinstance(result, ServiceError):
             raise result
         return result
@@ -461,16 +462,16 @@ class GatewayService:
         # 0; an upstream that is slow to answer leaves its last known figures
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(
-                asyncio.gather(*(self._probe(s) for s in list(self._servers.values()))),
+                asyncio.gather(*(self._probe(s) for s in list(self.router.servers))),
                 HEALTH_PROBE_SECONDS,
             )
-        servers = sorted(self._servers.values(), key=lambda s: s.address)
+        servers = list(self.router.servers)  # sorted by address
         now = time.monotonic()
         return {
             "status": "ok" if any(s.up for s in servers) else "degraded",
             "role": "gateway",
             "sessions": sum(s.sessions for s in servers if s.up),
-            "envs": sorted(set().union(*(s.envs for s in servers if s.up))),
+            "envs": sorted(set().union(*(s.envs or () for s in servers if s.up))),
             "upstreams": [
                 {
                     "address": s.address,
@@ -478,7 +479,7 @@ class GatewayService:
                     "boot": s.boot,
                     "up": s.up,
                     "down_s": None if s.down_since is None else round(now - s.down_since, 3),
-                    "envs": sorted(s.envs),
+                    "envs": sorted(s.envs or ()),
                     "sessions": s.sessions,
                     "draining": s.draining,
                 }
@@ -514,5 +515,9 @@ def _unknown_session(answer: Any) -> bool:
     return isinstance(answer, ServiceError) and answer.code == "NOT_FOUND"
 
 
-def _session_of(item: Any) -> str:
-    return item.session_id if hasattr(item, "session_id") else item[0]
+def _wire_step(req: StepItem) -> wire.StepItem:
+    """A validated step as it goes to the upstream."""
+    actions = None
+    if req.actions is not None:
+        actions = tuple(wire.ActionSpec(a.name, tuple(a.args), a.payload) for a in req.actions)
+    return wire.StepItem(req.session_id, req.step_index, req.response, actions, req.image_encoding)

@@ -132,7 +132,7 @@ def test_large_image_batch_fits_the_message_limits(stub):
 
 def test_client_sdk_accepts_large_image_batches(visenv_server):
     # submodules: under pytest, tests/clients can shadow the top-level `clients` package
-    from clients.client import EnvClient
+    from clients import EnvClient
     from clients.types import SessionOptions
 
     options = SessionOptions("sokoban", config={"tile_size": 64}, image_encoding="raw")

@@ -31,9 +31,10 @@ class LossyProxy:
     sends back after the client's next request are dropped and both connections are
     cut: the request reached the server, its reply never reached the client."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, listen_port: int = 0) -> None:
         self.host, port = target.rsplit(":", 1)
         self.port = int(port)
+        self.listen_port = listen_port  # 0: any free one
         self._lose = threading.Event()
         self._armed = False
         self.stall = False  # when set, replies are held back (never delivered) instead
@@ -54,7 +55,7 @@ class LossyProxy:
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.server = self.loop.run_until_complete(
-            asyncio.start_server(self._handle, "127.0.0.1", 0)
+            asyncio.start_server(self._handle, "127.0.0.1", self.listen_port)
         )
         self.listen_port = self.server.sockets[0].getsockname()[1]
         self._started.set()

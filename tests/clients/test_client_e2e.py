@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import socket
 import subprocess
 import sys
+import threading
 
 import grpc
 import httpx
@@ -176,6 +178,31 @@ def test_lost_create_reply_is_not_retried_and_stalls_time_out(two_servers, trans
                 client.step(reply.session_id, "<answer>Up</answer>")
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_create_refused_before_the_server_listens_is_sent_again(two_servers, transport):
+    # nothing listens at the address at first: the connection is refused, so nothing was
+    # sent and even a create may go again (grpc says "failed to connect ... refused")
+    a, _ = two_servers
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    target = a.http if transport == "http" else a.grpc
+    proxies: list[LossyProxy] = []
+    later = threading.Timer(0.4, lambda: proxies.append(LossyProxy(target, listen_port=port)))
+    later.start()
+    try:
+        with EnvClient(
+            f"127.0.0.1:{port}", transport=transport, token=TOKEN, retries=6, retry_wait=0.1
+        ) as client:
+            (reply,) = client.create(SessionOptions("sokoban", seed=1))
+            assert reply.step_index == 0
+            assert client.session_ids == [reply.session_id]
+    finally:
+        later.join()
+        for proxy in proxies:
+            proxy.close()
 
 
 @pytest.mark.parametrize("transport", ["http", "grpc"])

@@ -197,7 +197,7 @@ def test_trainer_openai_backend_builds_batches_and_trains(
 ):
     import math
 
-    from clients.client import EnvClient
+    from clients import EnvClient
     from trainer.model import load_policy
     from trainer.ppo import train
     from trainer.rollout import ServerPolicy, collect, policy_factory
@@ -229,7 +229,7 @@ def test_trainer_openai_backend_builds_batches_and_trains(
 
 
 def test_one_failed_answer_fails_only_its_episode(visenv_server):
-    from clients.client import EnvClient
+    from clients import EnvClient
 
     def policy(batch):  # episode 1 gets no answer from its model at turn 1
         return [PolicyError("model down") if (p.episode, p.turn) == (1, 1) else MOVE for p in batch]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from clients.client import EnvClient
+from clients import EnvClient
 from trainer.axpo import (
     BranchPolicy,
     action_prefix,

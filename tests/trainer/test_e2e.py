@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from clients.client import EnvClient
+from clients import EnvClient
 from clients.episodes import read_episodes
 from trainer.config import load_config
 from trainer.model import load_policy

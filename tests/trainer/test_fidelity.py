@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from clients.client import EnvClient
+from clients import EnvClient
 from clients.errors import InvalidArgument
 from clients.eval import EVAL_SEED_BASE, eval_level_seeds, train_level_seed
 from trainer.advantages import ESTIMATORS, masked_gae

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from clients.client import EnvClient
+from clients import EnvClient
 from clients.eval import train_level_seed
 from examples import learn_frozenlake as lf
 from trainer.model import load_policy

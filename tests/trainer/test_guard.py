@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from clients.client import EnvClient
+from clients import EnvClient
 from clients.eval import train_level_seed
 from examples import learn_frozenlake as lf
 from trainer.config import ConfigError, load_config

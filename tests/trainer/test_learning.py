@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from clients.client import EnvClient
+from clients import EnvClient
 from clients.eval import train_level_seed
 from examples.learn_frozenlake import ENV, FORMAT, MAX_TURNS, env_config
 from trainer.config import load_config
