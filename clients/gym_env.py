@@ -31,7 +31,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from .client import EnvClient
+from .sync_client import EnvClient
 from .types import ActionSpec, SessionOptions, SessionReply
 
 # printable ASCII plus the Latin, Greek, symbol and box-drawing ranges environments
