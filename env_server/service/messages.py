@@ -161,15 +161,16 @@ SCORE_KEYS = frozenset({"observation_score", "prediction_score", "judge_error"})
 
 @message
 class Stepped:
-    """A step the worker applied; its reward is not assembled yet.
+    """A step the worker applied, its reply finished in the worker: the reward assembled
+    (`rewards.assemble_reward`: its parts, their sum, the score keys first in `info`, the
+    info written as JSON text, `wire.JSONText`, unless it holds a non-finite number), but
+    for the reward-hacking guard's penalty, which only the API process can know (it counts
+    responses over the sessions of every worker): it subtracts that, in the rare turn that
+    has one, from the turn's `score` and `response_key` (`Rewards.grade`).
 
-    `reply` is the step's reply with a zero reward (its ground truth and infos written as
-    JSON text by the worker, `wire.JSONText`, unless they hold a non-finite number or
-    `info` a score key); the API process fills in `reward`, `reward_parts` and the score
-    keys of `info` (`SCORE_KEYS`) in one place
-    (`rewards.assemble_reward`), from `env_reward`, the turn's reasoning score (`score`,
-    rule-based; None for manual play, or replaced by the LLM judge's when `judge` is set)
-    and the reward-hacking guard's penalty, which only the API process knows.
+    A turn of a session graded by the LLM judge (`judge` set) is the exception: its reply
+    comes with a zero reward, assembled by the API process once the judge's scores are in,
+    from `env_reward` and the scores.
     """
 
     reply: SessionReply

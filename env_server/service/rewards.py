@@ -1,9 +1,11 @@
-"""Rewards: a step's reward assembled in one place, and what it needs in the API process.
+"""Rewards: a step's reward assembled by one function, and what it needs in the API process.
 
 `assemble_reward` builds a step's reward (its parts, their sum, the score keys of its
-info) from what the worker measured (the environment's reward, the rule-based reasoning
-score), the LLM judge's scores when the session has one, and the reasoning guard's
-penalty. `Rewards` holds the judges (one per distinct judge config) and the guards (one
+info) from the environment's reward, the turn's reasoning score and the reasoning
+guard's penalty. The worker calls it as it finishes a step's reply (no penalty); the API
+process subtracts the guard's penalty in the rare turn that has one (`with_penalty`),
+and assembles the reward itself only for a session graded by the LLM judge, once the
+judge's scores are in. `Rewards` holds the judges (one per distinct judge config) and the guards (one
 per distinct guard config; a fork gets its own copy) and grades the steps a worker
 applied (`Rewards.grade`). `writable` is what a reply with a non-finite number becomes.
 """
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from env_server.reasoning import Judge, ReasoningConfig, ResponseGuard, TurnScore
 
+from .assemble import assemble_reward, with_penalty
 from .messages import Stepped
 from .models import RewardParts, ServiceError, SessionReply, StepItem, nonfinite_places
 
@@ -66,9 +69,9 @@ class Rewards:
         return None
 
     async def grade(self, group: Sequence[Sent], answers: list) -> list:
-        """Finish the steps a worker applied (`Stepped`): the LLM judge's scores when the
-        session's grader is the judge, the guard's penalty, then the reward, assembled by
-        `assemble_reward`."""
+        """Finish the steps a worker applied (`Stepped`): the guard's penalty on every turn,
+        and for a session graded by the LLM judge, the judge's scores and the reward,
+        assembled by `assemble_reward`."""
         scores = [a.score if isinstance(a, Stepped) else None for a in answers]
         by_judge: dict[str, list[int]] = {}
         for n, answer in enumerate(answers):
@@ -89,7 +92,10 @@ class Rewards:
             if isinstance(answer, Stepped):
                 item, session = sent.item, sent.session
                 penalty = self.penalty(item, session, scores[n], answer.response_key)
-                answers[n] = assemble_reward(answer, scores[n], session.reasoning, penalty)
+                if answer.judge is not None:  # assembled here, with the judge's scores
+                    answers[n] = assemble_reward(answer, scores[n], session.reasoning, penalty)
+                else:  # the worker's, finished but for the guard's penalty (rarely any)
+                    answers[n] = with_penalty(answer.reply, penalty)
         return answers
 
     def penalty(
@@ -173,47 +179,3 @@ def writable(reply: SessionReply) -> tuple[SessionReply, SessionReply | ServiceE
         info={**scrub(reply.info), "unwritable": {"error_id": error.error_id, "fields": bad}},
     )
     return stored, error
-
-
-def assemble_reward(
-    stepped: Stepped, score: TurnScore | None, cfg: ReasoningConfig, penalty: float = 0.0
-) -> SessionReply:
-    """The one place a step's reward is assembled: its parts, their sum and the score keys
-    of its info, from the environment's reward (`stepped.env_reward`), the turn's
-    reasoning score (the worker's rule-based one, or the LLM judge's; None for manual
-    play) and the guard's `penalty`. Returns `stepped.reply`, filled in.
-
-    Parts: env; format (the format reward earned); observation and prediction
-    (beta_s * observation_score and beta_w * prediction_score, when the turn earned a
-    world-model reward); penalty (-penalty). reward = their sum.
-    """
-    reply = stepped.reply
-    parts = RewardParts(env=stepped.env_reward)
-    if score is not None:
-        parts.format = float(score.format)
-        if score.world_model:
-            parts.observation = float(cfg.beta_s * (score.observation_score or 0.0))
-            parts.prediction = float(cfg.beta_w * (score.prediction_score or 0.0))
-    if penalty:
-        parts.penalty = -penalty
-    reply.reward_parts = parts
-    reply.reward = parts.total
-    scores = {
-        "observation_score": None if score is None else score.observation_score,
-        "prediction_score": None if score is None else score.prediction_score,
-        "judge_error": None if score is None else score.judge_error,
-    }
-    text = reply.json_text("info")  # the worker's info as JSON text, without SCORE_KEYS
-    first = None if text is None else _scores_text(scores)
-    if first is not None:  # the scores put in front of the worker's text
-        reply.set_json_text("info", first if text == "{}" else f"{first[:-1]}, {text[1:]}")
-    else:
-        reply.info = {**scores, **reply.info}
-    return reply
-
-
-def _scores_text(scores: dict[str, Any]) -> str | None:
-    """`json.dumps(scores)`, or None when a score is not finite (then they go as values)."""
-    if any(isinstance(v, float) and not math.isfinite(v) for v in scores.values()):
-        return None
-    return json.dumps(scores)

@@ -53,6 +53,7 @@ from env_server.reasoning import (
 from env_server.reasoning.guard import response_key
 from visenv import wire
 
+from .assemble import assemble_reward
 from .images import ImageCache, encode_image
 from .messages import (
     SCORE_KEYS,
@@ -307,7 +308,8 @@ class Worker:
         return self._reply(session_id, session, message.encoding, start=True)
 
     def _step(self, message: Step) -> Stepped:
-        """Apply one turn; the reward is assembled by the service (see `Stepped`)."""
+        """Apply one turn; its reply finished here, reward and all, unless the session's
+        grader is the LLM judge (see `Stepped`)."""
         session_id, response, actions = message.session_id, message.response, message.actions
         session = self._session(session_id)
         env = session.env  # a step after the episode ended: the environment refuses it
@@ -368,7 +370,10 @@ class Worker:
         key = None
         if response is not None and session.reasoning.guard.enabled:
             key = response_key(response)
-        return Stepped(reply, float(transition.reward), score, judge_item, key)
+        stepped = Stepped(reply, float(transition.reward), score, judge_item, key)
+        if judge_item is None:  # finished here; a judged turn, once its scores are in
+            assemble_reward(stepped, score, session.reasoning)
+        return stepped
 
     def _close(self, message: Close) -> None:
         session_id = message.session_id
@@ -443,7 +448,7 @@ class Worker:
         info: dict[str, Any] | None = None,
     ) -> SessionReply:
         """The reply in the session's current state, with a zero reward: a create or reset
-        earns none, and a step's is assembled by the service (`rewards.assemble_reward`)."""
+        earns none, and a step's is assembled after (`rewards.assemble_reward`)."""
         env, obs = session.env, session.obs
         fmt, rep, cfg = session.format, session.representation, session.reasoning
         # one object for equal prompts (most sessions' are the same): a batch's answers
@@ -480,7 +485,7 @@ class Worker:
             "success": bool(success),
             "system_prompt": prompt,
         }
-        # (the service puts the score keys first: see assemble_reward)
+        # (assemble_reward puts the score keys first)
         texts = None if not SCORE_KEYS.isdisjoint(info) else _json_texts(info=info)
         if texts is None:
             return SessionReply(**fields, info=info)

@@ -30,7 +30,6 @@ from env_server.core.types import Representation
 from env_server.reasoning import ReasoningConfig
 from env_server.service.messages import Create, Reset, Step
 from env_server.service.models import SessionOptions
-from env_server.service.rewards import assemble_reward
 from env_server.service.worker import Worker
 
 FIXTURE = Path(__file__).with_name("data") / "recorded_episodes.json"
@@ -161,7 +160,7 @@ def play() -> dict[str, list[dict[str, Any]]]:
             records.append(_record(reply))
             for turn in range(TURNS):
                 (stepped,) = worker.handle([Step(sid, _response(rng, worker, sid, fmt))])
-                reply = assemble_reward(stepped, stepped.score, cfg)
+                reply = stepped.reply  # finished by the worker
                 records.append(_record(reply))
                 if reply.done and turn < TURNS - 1:
                     (reply,) = worker.handle([Reset(sid, seed + 100)])

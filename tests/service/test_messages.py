@@ -1,5 +1,5 @@
 """The worker protocol (env_server/service/messages.py) and the one place a step's reward
-is assembled (rewards.assemble_reward), at the worker level: no processes."""
+is assembled (assemble.assemble_reward), at the worker level: no processes."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pickle
 import pytest
 
 from env_server.reasoning import ReasoningConfig, TurnScore
+from env_server.service.assemble import assemble_reward
 from env_server.service.messages import (
     Close,
     Create,
@@ -22,8 +23,7 @@ from env_server.service.messages import (
     Stepped,
     Stop,
 )
-from env_server.service.models import ActionModel, ServiceError, SessionOptions
-from env_server.service.rewards import assemble_reward
+from env_server.service.models import ActionModel, RewardParts, ServiceError, SessionOptions
 from env_server.service.worker import Worker
 
 
@@ -72,10 +72,35 @@ def test_a_batch_is_answered_in_order_and_a_bad_item_fails_alone():
     assert closed is None and not worker.sessions
 
 
+def test_the_worker_finishes_a_step_reply_with_its_reward():
+    """Without a judge the reply comes finished: the reward assembled from the worker's
+    own score, as the API process would (its guard's penalty aside)."""
+    worker = Worker()
+    cfg = ReasoningConfig()
+    options = SessionOptions(env="sokoban", seed=3, format="grounding_worldmodeling")
+    worker.handle([Create("s-1", options, cfg)])
+    grid = "######\n#_P__#\n#_X__#\n#__O_#\n#____#\n######"
+    text = (f"<think><observation>{grid}</observation><reasoning>r</reasoning>"
+            f"<prediction>{grid}</prediction></think><answer>Left</answer>")  # fmt: skip
+    [stepped] = pickle.loads(pickle.dumps(worker.handle([Step("s-1", text)])))
+    assert stepped.judge is None and stepped.score is not None
+    parts, score = stepped.reply.reward_parts, stepped.score
+    assert parts.env == stepped.env_reward and parts.format == float(score.format)
+    assert parts.penalty == 0.0 and stepped.reply.reward == parts.total
+    assert list(stepped.reply.info)[:3] == ["observation_score", "prediction_score", "judge_error"]
+    assert stepped.reply.info["observation_score"] == score.observation_score
+
+
 def test_the_reward_is_assembled_from_the_env_reward_the_score_and_the_penalty():
     worker = Worker()
-    worker.handle([Create("s-1", SessionOptions(env="frozenlake", seed=1), ReasoningConfig())])
+    # judged: the worker leaves the reward to the API process (assembled once the judge's
+    # scores are in; no judge is called here)
+    judged = ReasoningConfig(
+        grader="judge", judge={"base_url": "http://127.0.0.1:9/v1", "model": "m"}
+    )
+    worker.handle([Create("s-1", SessionOptions(env="frozenlake", seed=1), judged)])
     [stepped] = worker.handle([Step("s-1", "<answer>Left</answer>")])
+    assert stepped.judge is not None and stepped.reply.reward_parts == RewardParts()
     cfg = ReasoningConfig(beta_s=0.5, beta_w=0.25)
     score = TurnScore(format=0.5, observation_score=1.0, prediction_score=0.4, world_model=0.6)
     reply = assemble_reward(stepped, score, cfg, penalty=0.1)

@@ -19,15 +19,21 @@ from hypothesis import strategies as st
 
 from env_server.core.types import plain
 from env_server.reasoning import ReasoningConfig, TurnScore
+from env_server.service.assemble import assemble_reward
 from env_server.service.messages import Create, Fork, Reset, Step
 from env_server.service.models import ActionModel, SessionOptions
-from env_server.service.rewards import assemble_reward, writable
+from env_server.service.rewards import writable
 from env_server.service.worker import Worker, _truth_json
 from visenv import wire
 
 
-def _mk(sid, options):  # a Create as the service sends it: validated options
-    return Create(sid, SessionOptions(**options), ReasoningConfig())
+def _mk(sid, options, reasoning=None):  # a Create as the service sends it: validated options
+    return Create(sid, SessionOptions(**options), reasoning or ReasoningConfig())
+
+
+# a session graded by the LLM judge: its worker leaves a step's reward to be assembled
+# (by the API process, once the judge's scores are in); no judge is called here
+JUDGED = ReasoningConfig(grader="judge", judge={"base_url": "http://127.0.0.1:9/v1", "model": "m"})
 
 
 GRID = "######\n#_P__#\n#_X__#\n#__O_#\n#____#\n######"
@@ -63,7 +69,7 @@ def _responses(rng: random.Random) -> list[str]:
 
 @pytest.mark.parametrize("env", ["sokoban", "frozenlake"])
 def test_replies_from_text_are_the_same_on_both_wires(env):
-    worker, rng, cfg = Worker(), random.Random(3), ReasoningConfig()
+    worker, rng = Worker(), random.Random(3)
     options = {"env": env, "format": "grounding_worldmodeling", "image_encoding": "png"}
     ids = [f"s-{n}" for n in range(3)]
     created = _over_the_pipe(worker.handle([_mk(s, {**options, "seed": n})
@@ -75,7 +81,7 @@ def test_replies_from_text_are_the_same_on_both_wires(env):
             messages[0] = Step(ids[0], actions=[ActionModel(name="Left")])  # manual play
         answers = _over_the_pipe(worker.handle(messages))
         done = [s for s, a in zip(ids, answers, strict=True) if a.reply.done]
-        replies = [assemble_reward(a, a.score, cfg) for a in answers]
+        replies = [a.reply for a in answers]  # finished by the worker
         replies += _over_the_pipe(worker.handle([Reset(s) for s in done]))
         for reply in [*created, *replies]:
             obs = reply.observation
@@ -96,7 +102,7 @@ def test_replies_from_text_are_the_same_on_both_wires(env):
 
 def test_the_score_keys_come_first_in_the_text_as_in_the_values():
     worker = Worker()
-    worker.handle([_mk("s-1", {"env": "frozenlake", "seed": 1})])
+    worker.handle([_mk("s-1", {"env": "frozenlake", "seed": 1}, JUDGED)])
     score = TurnScore(format=0.5, observation_score=0.25, prediction_score=None,
                       world_model=0.1, judge_error="timed out")  # fmt: skip
     [stepped] = _over_the_pipe(worker.handle([Step("s-1", "<answer>Left</answer>")]))
@@ -141,7 +147,7 @@ def test_a_non_finite_number_goes_as_values_and_is_found():
 
 def test_a_non_finite_judge_score_is_found_in_the_info():
     worker = Worker()
-    worker.handle([_mk("s-1", {"env": "frozenlake", "seed": 1})])
+    worker.handle([_mk("s-1", {"env": "frozenlake", "seed": 1}, JUDGED)])
     [stepped] = worker.handle([Step("s-1", "<answer>Left</answer>")])
     score = TurnScore(format=1.0, observation_score=math.nan, prediction_score=None,
                       world_model=0.0)  # fmt: skip
@@ -214,7 +220,7 @@ _SCORES = [None, 0.0, -0.0, 1.0, 0.5, 1 / 3, 1e-7, 1e16, 123456789.123, 0, 1, Tr
 def test_the_scores_text_is_json_dumps_or_refused(judge_error):
     """`assemble_reward` writes the score keys' text itself for the usual scores: byte for
     byte `json.dumps`'s, and None (values, for `writable` to find) for a non-finite one."""
-    from env_server.service.rewards import _scores_text
+    from env_server.service.assemble import _scores_text
 
     for obs in _SCORES:
         for pred in _SCORES:
