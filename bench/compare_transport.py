@@ -66,7 +66,7 @@ def main() -> None:
                 Path(args.json).write_text(json.dumps({"runs": runs}, indent=1))
     table = Table(title=f"bench_transport.py, {args.rounds} alternating rounds (env-steps/s)")
     columns = ("variant", "before", "after", "after/before", "per round", "server CPU s/1k",
-               "CPU after/before", "CPU per round")  # fmt: skip
+               "CPU after/before", "CPU per round", "API CPU s/1k")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="left" if column == "variant" else "right")
     summary = {}
@@ -83,11 +83,17 @@ def main() -> None:
         # server CPU per 1,000 env-steps: the rounds' median, and each round's after / before
         cpus = {label: [r[variant]["server_cpu"] for r in rounds] for label, rounds in runs.items()}
         cpu = {label: statistics.median(c) for label, c in cpus.items()}
+        # of it, the API process's (the rest is the workers')
+        api = {
+            label: statistics.median(r[variant].get("api_cpu", 0.0) for r in rounds)
+            for label, rounds in runs.items()
+        }
         served = all(cpus["before"])  # in-process variants have no server
         cpu_ratios = (
             [a / b for a, b in zip(cpus["after"], cpus["before"], strict=True)] if served else []
         )
-        summary[variant] = rate | {"ratios": ratios, "server_cpu": cpu, "cpu_ratios": cpu_ratios}
+        summary[variant] = rate | {"ratios": ratios, "server_cpu": cpu, "cpu_ratios": cpu_ratios,
+                                   "api_cpu": api}  # fmt: skip
         table.add_row(
             variant, f"{rate['before']:,.0f}", f"{rate['after']:,.0f}",
             f"{rate['after'] / rate['before']:.2f}",
@@ -95,8 +101,23 @@ def main() -> None:
             f"{cpu['before']:.2f} -> {cpu['after']:.2f}" if served else "-",
             f"{cpu['after'] / cpu['before']:.2f}" if served else "-",
             f"{min(cpu_ratios):.2f}-{max(cpu_ratios):.2f}" if served else "-",
+            f"{api['before']:.2f} -> {api['after']:.2f}" if served else "-",
         )  # fmt: skip
-    Console(width=200).print(table)
+    console = Console(width=200)
+    console.print(table)
+    # issue 44's target: served CPU per env-step at gRPC batch-64 over the in-process step's
+    for label, rounds in runs.items():
+        ratios = [
+            r["gRPC batch (png) x64"]["server_cpu"] / r["in-process (png) x64"]["client_cpu"]
+            for r in rounds
+            if "gRPC batch (png) x64" in r and "in-process (png) x64" in r
+        ]
+        if ratios:
+            console.print(
+                f"{label}: served CPU per env-step at gRPC batch-64 (png) / in-process: "
+                + ", ".join(f"{x:.2f}" for x in ratios)
+                + f" (median {statistics.median(ratios):.2f})"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "runs": runs}, indent=1))
 

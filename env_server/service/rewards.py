@@ -143,6 +143,8 @@ def writable(reply: SessionReply) -> tuple[SessionReply, SessionReply | ServiceE
     INTERNAL with an error id (the log has the places), and the session keeps a copy with
     those numbers as null (a reward part: 0, the places listed in info.unwritable), so
     that it stays readable (GET, a retry, a fork) and can go on."""
+    if reply.wire_bytes() is not None:  # as its worker wrote it: all finite
+        return reply, reply
     # (a part that came as JSON text, `wire.JSONText`, has none: the worker wrote it so)
     obs = reply.observation
     bad = [

@@ -21,7 +21,6 @@ import dataclasses
 import json
 import logging
 import os
-import sys
 import threading
 import time
 import traceback
@@ -451,10 +450,8 @@ class Worker:
         earns none, and a step's is assembled after (`rewards.assemble_reward`)."""
         env, obs = session.env, session.obs
         fmt, rep, cfg = session.format, session.representation, session.reasoning
-        # one object for equal prompts (most sessions' are the same): a batch's answers
-        # pickle it once (pickle's memo), and the API process reads it once
-        text = sys.intern(turn_prompt(env, obs, fmt, rep, cfg))
-        prompt = sys.intern(system_prompt(env, fmt, rep, cfg)) if start else None
+        text = turn_prompt(env, obs, fmt, rep, cfg)
+        prompt = system_prompt(env, fmt, rep, cfg) if start else None
         enc = encoding or session.encoding
         images = session.images.encode(obs.images, enc)
         try:

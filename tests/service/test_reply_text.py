@@ -176,10 +176,11 @@ def _state(reply: wire.SessionReply) -> tuple:
     )  # fmt: skip
 
 
-def test_a_reply_pickled_flat_comes_back_the_same():
-    """`SessionReply` crosses the pipe as one flat tuple (`_flat_reply`): the reply that
-    comes back holds the same fields and the same unread texts, whether its parts were
-    text or values, with or without images and a system prompt."""
+def test_a_reply_pickled_comes_back_the_same():
+    """`SessionReply` crosses the pipe as its wire form (`_from_wire`: its protobuf bytes)
+    when its parts are JSON text, else field by field: either way the reply that comes
+    back holds the same fields and the same unread texts, whether its parts were text or
+    values, with or without images and a system prompt."""
     worker = Worker()
     made = worker.handle([
         _mk("s-1", {"env": "sokoban", "seed": 3, "config": {"dim_room": [6, 6], "num_boxes": 1}}),
@@ -195,9 +196,16 @@ def test_a_reply_pickled_flat_comes_back_the_same():
     )
     for reply in [*replies, read, no_images, _from_values(replies[2])]:
         data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
-        assert b"_flat_reply" in data
+        as_text = reply.json_text("info") is not None and reply.observation.json_text("info")
+        assert (b"_from_wire" in data) == bool(as_text and reply is not read)
         again = pickle.loads(data)
+        wire_form = again.wire_bytes()
+        assert wire.batch_to_proto([again]).SerializeToString() == (
+            wire.batch_to_proto([reply]).SerializeToString()
+        )  # written from the bytes as they came, while unread
+        assert again.wire_bytes() == wire_form
         assert again == reply and _state(again) == _state(reply)
+        assert again.wire_bytes() is None  # read: written from its fields from now on
 
 
 def test_a_subclass_of_the_reply_is_pickled_field_by_field():
@@ -207,7 +215,7 @@ def test_a_subclass_of_the_reply_is_pickled_field_by_field():
     fields = {f.name: getattr(made, f.name) for f in dataclasses.fields(wire.SessionReply)}
     served = SessionReply(**fields, server="http://a")
     data = pickle.dumps(served)
-    assert b"_flat_reply" not in data
+    assert b"_from_wire" not in data
     again = pickle.loads(data)
     assert type(again) is SessionReply and again == served and again.server == "http://a"
 
@@ -319,18 +327,3 @@ def test_sokoban_replies_carry_each_ground_truths_own_text():
         check(worker.handle([Reset(s) for s in done]))
         resets += len(done)
     assert resets >= 3 and checked > 40
-
-
-def test_equal_prompts_cross_the_pipe_once():
-    """Sessions shown the same turn and system prompts hand out one object each, so that a
-    batch's answers pickle it once."""
-    worker = Worker()
-    options = {"env": "sokoban", "config": {"dim_room": [6, 6], "num_boxes": 1}}
-    made = worker.handle([_mk(f"s-{n}", {**options, "seed": n}) for n in range(3)])
-    stepped = worker.handle([Step(f"s-{n}", "<answer>Up</answer>") for n in range(3)])
-    for replies in (made, [s.reply for s in stepped]):
-        first = replies[0].observation.text
-        assert all(r.observation.text is first for r in replies)
-    assert all(r.system_prompt is made[0].system_prompt for r in made)
-    data = pickle.dumps(made, protocol=pickle.HIGHEST_PROTOCOL)
-    assert data.count(made[0].system_prompt.encode()) == 1

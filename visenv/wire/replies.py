@@ -12,6 +12,7 @@ import base64
 import dataclasses
 import io
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -276,7 +277,12 @@ class SessionReply(JSONText):
         return out
 
     def fill_proto(self, out: pb.SessionReply) -> None:
-        """Write into the (empty) message `out` in place (no copy of nested messages)."""
+        """Write into the (empty) message `out` in place (no copy of nested messages); a
+        reply still held as its wire form, as those bytes."""
+        data = self.wire_bytes()
+        if data is not None:
+            out.MergeFromString(data)
+            return
         out.session_id = self.session_id
         out.env = self.env
         out.step_index = self.step_index
@@ -291,34 +297,65 @@ class SessionReply(JSONText):
         out.info_json = self._dumps("info")
         out.system_prompt = self.system_prompt or ""
 
+    # ---- the wire form: how a reply crosses from the worker that finished it ----------
     def __reduce__(self) -> tuple:
-        """Pickled flat: the reply, its observation, images and reward parts as one tuple
-        of plain values rebuilt by one call (`_flat_reply`), instead of an object per
-        part (every step's reply crosses a worker pipe: a step's answer pickles in 4.0
-        µs instead of 6.8, unpickles in 4.7 instead of 5.3). A subclass (the SDK's
-        reply) or parts of other types: `JSONText`'s way."""
-        d = self.__dict__
-        obs = d["observation"]
-        parts = d["reward_parts"]
-        if (
-            type(self) is not SessionReply
-            or type(obs) is not Observation
-            or type(parts) is not RewardParts
-        ):
+        """Pickled as its wire form, the protobuf bytes of the reply (`wire_bytes`): the
+        worker that finishes a reply writes what goes on the wire, and the API process
+        hands those bytes to a gRPC reply unread (`fill_proto`); the reply is decoded only
+        where it is read (a REST reply, a fork). A subclass (the SDK's reply), or a reply
+        with a part held as its value rather than JSON text (then it may hold a non-finite
+        number, for `writable` to find): `JSONText`'s way, field by field."""
+        data = self.wire_bytes()
+        if data is None and type(self) is SessionReply and self._all_text():
+            data = self.to_proto().SerializeToString()
+        if data is None:
             return JSONText.__reduce__(self)
-        od = obs.__dict__
-        images = []
-        for im in od["images"]:
-            if type(im) is not Image:
-                return JSONText.__reduce__(self)
-            images.append((im.encoding, im.data, im.shape))
-        return _flat_reply, (
-            d["session_id"], d["env"], d["step_index"], d["episode"], d["turn"],
-            od["text"], images, od.get("ground_truth"), od.get("info"), _texts(od),
-            d["reward"], parts.env, parts.format, parts.observation, parts.prediction,
-            parts.penalty, d["terminated"], d["truncated"], d["success"], d.get("info"),
-            _texts(d), d["system_prompt"],
-        )  # fmt: skip
+        return _from_wire, (data,)
+
+    def _all_text(self) -> bool:
+        """Every number finite: the reward's, and those of the parts held as JSON text
+        (the worker writes a part as text only when it holds none that is not)."""
+        parts = self.reward_parts
+        obs = self.observation
+        return (
+            type(parts) is RewardParts
+            and type(obs) is Observation
+            and math.isfinite(self.reward)
+            and all(math.isfinite(v) for v in parts.to_json().values())
+            and self.json_text("info") is not None
+            and obs.json_text("ground_truth") is not None
+            and obs.json_text("info") is not None
+        )
+
+    def wire_bytes(self) -> bytes | None:
+        """The reply's protobuf bytes while it is still held as them (unpickled from a
+        worker, neither read nor changed since), else None. Such a reply's numbers are all
+        finite (`__reduce__`)."""
+        d = self.__dict__
+        return d["_wire"] if len(d) == 1 and "_wire" in d else None
+
+    def _unwire(self) -> None:
+        """Decode the wire form into the fields (a field set meanwhile keeps its value)."""
+        d = self.__dict__
+        data = d.pop("_wire", None)
+        if data is not None:
+            decoded = SessionReply.from_proto(pb.SessionReply.FromString(data)).__dict__
+            for name, value in decoded.items():
+                d.setdefault(name, value)
+
+    def __getattr__(self, name: str) -> Any:  # only for a field not set yet
+        if "_wire" in self.__dict__:
+            self._unwire()
+            return getattr(self, name)
+        return JSONText.__getattr__(self, name)
+
+    def json_text(self, name: str) -> str | None:
+        self._unwire()
+        return JSONText.json_text(self, name)
+
+    def set_json_text(self, name: str, text: str) -> None:
+        self._unwire()
+        JSONText.set_json_text(self, name, text)
 
     @classmethod
     def from_proto(cls: type[R], msg: pb.SessionReply, **extra: Any) -> R:
@@ -340,58 +377,10 @@ class SessionReply(JSONText):
         )
 
 
-def _texts(d: dict[str, Any]) -> dict[str, str] | None:
-    """The JSON texts a `JSONText` instance (its `__dict__`) still holds unread."""
-    texts = d.get("_json")
-    if texts is not None:
-        texts = {k: v for k, v in texts.items() if k not in d}
-    return texts or None
-
-
-def _flat_reply(
-    session_id: str, env: str, step_index: int, episode: int, turn: int,
-    text: str, images: list[tuple], ground_truth: Any, obs_info: Any, obs_texts: dict | None,
-    reward: float, env_r: float, format_r: float, observation_r: float, prediction_r: float,
-    penalty: float, terminated: bool, truncated: bool, success: bool, info: Any,
-    texts: dict | None, system_prompt: str,
-) -> SessionReply:  # fmt: skip
-    """Unpickle a `SessionReply` pickled flat (`SessionReply.__reduce__`): the objects are
-    made without their `__init__` (the values were checked when the reply was made)."""
-    new = object.__new__
-    shown = []
-    for encoding, data, shape in images:
-        im = new(Image)
-        im.__dict__.update(encoding=encoding, data=data, shape=shape)
-        shown.append(im)
-    obs = new(Observation)
-    od = obs.__dict__
-    od["text"] = text
-    od["images"] = tuple(shown)
-    if obs_texts is None:
-        od["ground_truth"] = ground_truth
-        od["info"] = obs_info
-    else:
-        if "ground_truth" not in obs_texts:
-            od["ground_truth"] = ground_truth
-        if "info" not in obs_texts:
-            od["info"] = obs_info
-        od["_json"] = obs_texts
-    parts = new(RewardParts)
-    parts.__dict__.update(
-        env=env_r, format=format_r, observation=observation_r, prediction=prediction_r,
-        penalty=penalty,
-    )  # fmt: skip
-    reply = new(SessionReply)
-    d = reply.__dict__
-    d.update(
-        session_id=session_id, env=env, step_index=step_index, episode=episode, turn=turn,
-        observation=obs, reward=reward, reward_parts=parts, terminated=terminated,
-        truncated=truncated, success=success, system_prompt=system_prompt,
-    )  # fmt: skip
-    if texts is None or "info" not in texts:
-        d["info"] = info
-    if texts is not None:
-        d["_json"] = texts
+def _from_wire(data: bytes) -> SessionReply:
+    """Unpickle a reply pickled as its wire form: held as the bytes until read."""
+    reply = object.__new__(SessionReply)
+    reply.__dict__["_wire"] = data
     return reply
 
 
