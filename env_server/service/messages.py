@@ -162,7 +162,7 @@ SCORE_KEYS = frozenset({"observation_score", "prediction_score", "judge_error"})
 @message
 class Stepped:
     """A step the worker applied, its reply finished in the worker: the reward assembled
-    (`rewards.assemble_reward`: its parts, their sum, the score keys first in `info`, the
+    (`assemble.assemble_reward`: its parts, their sum, the score keys first in `info`, the
     info written as JSON text, `wire.JSONText`, unless it holds a non-finite number), but
     for the reward-hacking guard's penalty, which only the API process can know (it counts
     responses over the sessions of every worker): it subtracts that, in the rare turn that

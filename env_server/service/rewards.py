@@ -1,11 +1,10 @@
-"""Rewards: a step's reward assembled by one function, and what it needs in the API process.
+"""Rewards: what a step's reward needs in the API process.
 
-`assemble_reward` builds a step's reward (its parts, their sum, the score keys of its
-info) from the environment's reward, the turn's reasoning score and the reasoning
-guard's penalty. The worker calls it as it finishes a step's reply (no penalty); the API
-process subtracts the guard's penalty in the rare turn that has one (`with_penalty`),
-and assembles the reward itself only for a session graded by the LLM judge, once the
-judge's scores are in. `Rewards` holds the judges (one per distinct judge config) and the guards (one
+A step's reward is assembled by one function, `assemble.assemble_reward`, which the worker
+calls as it finishes a step's reply. The API process subtracts the reasoning guard's
+penalty in the rare turn that has one (`assemble.with_penalty`: the guard counts
+responses over every worker's sessions), and assembles the reward itself only for a
+session graded by the LLM judge, once the judge's scores are in. `Rewards` holds the judges (one per distinct judge config) and the guards (one
 per distinct guard config; a fork gets its own copy) and grades the steps a worker
 applied (`Rewards.grade`). `writable` is what a reply with a non-finite number becomes.
 """

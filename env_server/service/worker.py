@@ -447,7 +447,7 @@ class Worker:
         info: dict[str, Any] | None = None,
     ) -> SessionReply:
         """The reply in the session's current state, with a zero reward: a create or reset
-        earns none, and a step's is assembled after (`rewards.assemble_reward`)."""
+        earns none, and a step's is assembled after (`assemble.assemble_reward`)."""
         env, obs = session.env, session.obs
         fmt, rep, cfg = session.format, session.representation, session.reasoning
         text = turn_prompt(env, obs, fmt, rep, cfg)
