@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import re
 import socket
@@ -50,6 +49,7 @@ from clients.errors import ConnectionFailure, VisenvError
 from clients.router import Router, Server
 from clients.transport import GrpcTransport
 from visenv import wire
+from visenv.wire import convert
 
 from .metrics import Metrics
 from .models import (
@@ -513,5 +513,6 @@ def _unknown_session(answer: Any) -> bool:
 
 
 def _as(request: type[T]) -> Callable[[Any], T]:
-    """A validated item as it goes to the upstream: the SDK's `request` of its fields."""
-    return functools.partial(wire.from_fields, request)
+    """A validated item as it goes to the upstream: the SDK's `request` of its fields
+    (read by attribute name, nested actions alike: `visenv.wire.convert`)."""
+    return convert.from_attrs(request)

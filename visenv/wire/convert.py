@@ -26,7 +26,8 @@ converts 64 items per call. `source(cls)` shows that code.
 - `to_proto(obj)` / `fill(obj, out)`: dataclass (or dict) -> message;
 - `fields_of(msg)`: message -> its set fields as plain values (what the server validates);
 - `to_json(obj)`: dataclass -> REST's JSON object;
-- `from_fields(cls, fields)`: plain fields (a dict, or a pydantic model) -> dataclass.
+- `from_fields(cls, fields)`: plain fields (a dict, or an object with those attributes:
+  a pydantic model) -> dataclass.
 """
 
 from __future__ import annotations
@@ -70,10 +71,12 @@ class Conversions:
     fill: Callable[[Any, Message], None]
     fields_of: Callable[[Message], dict[str, Any]]
     to_json: Callable[[Any], dict[str, Any]]
+    from_attrs: Callable[[Any], Any]
 
 
 _BY_CLASS: dict[type, Conversions] = {}
 _BY_MESSAGE: dict[str, Conversions] = {}  # by the message's full name
+_BY_MESSAGE_TYPE: dict[type[Message], Conversions] = {}
 
 
 def declared(message: type[Message]) -> Callable[[type[T]], type[T]]:
@@ -84,6 +87,7 @@ def declared(message: type[Message]) -> Callable[[type[T]], type[T]]:
         conv = _compile(cls, message)
         _BY_CLASS[cls] = conv
         _BY_MESSAGE[message.DESCRIPTOR.full_name] = conv
+        _BY_MESSAGE_TYPE[message] = conv
         return cls
 
     return declare
@@ -114,24 +118,27 @@ def to_proto(obj: Any, message: type[Message] | None = None) -> Message:
 
 def fill(obj: Any, out: Message) -> None:
     """Write `obj`'s fields into `out`, an empty message of its type (e.g. a `.add()`)."""
-    conversions(type(obj)).fill(obj, out)
+    (_BY_CLASS.get(type(obj)) or conversions(type(obj))).fill(obj, out)
 
 
 def fields_of(msg: Message) -> dict[str, Any]:
     """The fields `msg` sets, by attribute name, as plain values (nested messages as dicts,
     repeated fields as lists, `*_json` text as its object: `InvalidField` if not one)."""
-    return _BY_MESSAGE[msg.DESCRIPTOR.full_name].fields_of(msg)
+    conv = _BY_MESSAGE_TYPE.get(type(msg)) or _BY_MESSAGE[msg.DESCRIPTOR.full_name]
+    return conv.fields_of(msg)
 
 
 def to_json(obj: Any) -> dict[str, Any]:
     """`obj` as REST's JSON object (docs/wire.md)."""
-    return conversions(type(obj)).to_json(obj)
+    return (_BY_CLASS.get(type(obj)) or conversions(type(obj))).to_json(obj)
 
 
 def from_fields(cls: type[T], fields: Mapping[str, Any] | Any) -> T:
-    """A `cls` of plain fields by attribute name: a dict (missing: the default), or what
-    dict() reads (a pydantic model); nested items alike, repeated fields as tuples."""
-    fields = fields if isinstance(fields, Mapping) else dict(fields)
+    """A `cls` of plain fields by attribute name: a dict (missing: the default), or an
+    object with every one as an attribute (a validated pydantic model: compiled, as it
+    is on the gateway's step path); nested items alike, repeated fields as tuples."""
+    if not isinstance(fields, Mapping):
+        return from_attrs(cls)(fields)
     kwargs: dict[str, Any] = {}
     for f in conversions(cls).fields:
         if f.attr not in fields:
@@ -144,6 +151,11 @@ def from_fields(cls: type[T], fields: Mapping[str, Any] | Any) -> T:
             value = tuple(value if item is None else (from_fields(item, x) for x in value))
         kwargs[f.attr] = value
     return cls(**kwargs)
+
+
+def from_attrs(cls: type[T]) -> Callable[[Any], T]:
+    """The compiled `from_fields` of `cls` for an object with its attributes."""
+    return conversions(cls).from_attrs
 
 
 def source(cls: type) -> str:
@@ -201,13 +213,17 @@ def _compile(cls: type, message: type[Message]) -> Conversions:
             f"{sorted(declared_attrs - attrs)}"
         )
     items = {f.item.__name__: _BY_CLASS[f.item] for f in fields if f.item is not None}
-    code = "\n".join((_fill_source(fields), _fields_of_source(fields), _to_json_source(fields), ""))
+    sources = (_fill_source, _fields_of_source, _to_json_source)
+    order = [f.name for f in dataclasses.fields(cls)]  # __init__'s, for positional args
+    code = "\n".join([*(source(fields) for source in sources), _from_attrs_source(fields, order)])
     namespace: dict[str, Any] = {
         "_dumps": json.dumps,
         "_json_object": json_object,
+        "_cls": cls,
         **{f"_fill_{name}": conv.fill for name, conv in items.items()},
         **{f"_fields_{name}": conv.fields_of for name, conv in items.items()},
         **{f"_json_{name}": conv.to_json for name, conv in items.items()},
+        **{f"_attrs_{name}": conv.from_attrs for name, conv in items.items()},
     }
     exec(compile(code, f"<visenv.wire.convert {cls.__name__}>", "exec"), namespace)  # noqa: S102
     return Conversions(
@@ -218,6 +234,7 @@ def _compile(cls: type, message: type[Message]) -> Conversions:
         namespace["fill"],
         namespace["fields_of"],
         namespace["to_json"],
+        namespace["from_attrs"],
     )
 
 
@@ -339,3 +356,19 @@ def _to_json_source(fields: tuple[Field, ...]) -> str:
                 f"        d[{f.attr!r}] = {_json_value(f)}",
             ]
     return "\n".join(lines + ["    return d", ""])
+
+
+def _from_attrs_source(fields: tuple[Field, ...], order: list[str]) -> str:
+    def value(f: Field) -> str:
+        if f.kind in ("scalar", "optional", "json"):
+            return f"s.{f.attr}"
+        items = (
+            f"s.{f.attr}"
+            if f.item is None
+            else f"(_attrs_{f.item.__name__}(x) for x in s.{f.attr})"
+        )
+        return f"None if s.{f.attr} is None else tuple({items})"
+
+    by_attr = {f.attr: f for f in fields}
+    args = ", ".join(value(by_attr[attr]) for attr in order)
+    return "\n".join(["def from_attrs(s):", f"    return _cls({args})", ""])
