@@ -1,4 +1,5 @@
-"""One server, one transport: HTTP (httpx) or gRPC (grpc.aio).
+"""One server, one transport: HTTP (httpx) or gRPC (grpc.aio). Requests go as the
+wire's conversions write them (`wire.to_json`, `wire.to_proto`: visenv/wire/convert.py).
 
 A transport sends batch calls to one server and answers per item: a `SessionReply`
 or the `VisenvError` of that item. A failure of the whole call raises: a `VisenvError`
@@ -151,20 +152,15 @@ class HttpTransport(Transport):
         return _typed(wire.batch_from_json(data, self.reply_type, **self.reply_extra))
 
     async def create(self, items: list[SessionOptions]) -> list[ItemResult]:
-        data = await self._call("POST", "/v1/batch/create", {"items": [o.to_json() for o in items]})
-        return self._results(data)
+        body = {"items": [wire.to_json(o) for o in items]}
+        return self._results(await self._call("POST", "/v1/batch/create", body))
 
     async def reset(self, items: list[ResetItem]) -> list[ItemResult]:
-        body = [
-            {"session_id": it.session_id}
-            | ({"seed": it.seed} if it.seed is not None else {})
-            | ({"image_encoding": it.image_encoding} if it.image_encoding is not None else {})
-            for it in items
-        ]
-        return self._results(await self._call("POST", "/v1/batch/reset", {"items": body}))
+        body = {"items": [wire.to_json(it) for it in items]}
+        return self._results(await self._call("POST", "/v1/batch/reset", body))
 
     async def step(self, items: list[StepItem]) -> list[ItemResult]:
-        body = {"items": [it.to_json() for it in items]}
+        body = {"items": [wire.to_json(it) for it in items]}
         return self._results(await self._call("POST", "/v1/batch/step", body))
 
     async def get(self, session_ids: list[str]) -> list[ItemResult]:
@@ -200,7 +196,7 @@ class HttpTransport(Transport):
         return list(await asyncio.gather(*(one(sid) for sid in session_ids)))
 
     async def fork(self, items: list[ForkItem]) -> list[ForkResult]:
-        body = {"items": [{"session_id": it.session_id, "n": it.n} for it in items]}
+        body = {"items": [wire.to_json(it) for it in items]}
         data = await self._call("POST", "/v1/batch/fork", body)
         return _typed(wire.fork_from_json(data, self.reply_type, **self.reply_extra))
 
@@ -279,18 +275,11 @@ class GrpcTransport(Transport):
         return _typed(wire.batch_from_proto(resp, self.reply_type, **self.reply_extra))
 
     async def create(self, items: list[SessionOptions]) -> list[ItemResult]:
-        req = pb.CreateRequest(items=[o.to_proto() for o in items])
+        req = pb.CreateRequest(items=[wire.to_proto(o) for o in items])
         return self._results(await self._call("Create", req))
 
     async def reset(self, items: list[ResetItem]) -> list[ItemResult]:
-        req = pb.ResetRequest(
-            items=[
-                pb.ResetItem(
-                    session_id=it.session_id, seed=it.seed, image_encoding=it.image_encoding
-                )
-                for it in items
-            ]
-        )
+        req = pb.ResetRequest(items=[wire.to_proto(it) for it in items])
         return self._results(await self._call("Reset", req))
 
     async def step(self, items: list[StepItem]) -> list[ItemResult]:
@@ -308,7 +297,7 @@ class GrpcTransport(Transport):
         return _typed(wire.frames_from_proto(resp))
 
     async def fork(self, items: list[ForkItem]) -> list[ForkResult]:
-        req = pb.ForkRequest(items=[pb.ForkItem(session_id=it.session_id, n=it.n) for it in items])
+        req = pb.ForkRequest(items=[wire.to_proto(it) for it in items])
         resp = await self._call("Fork", req)
         return _typed(wire.fork_from_proto(resp, self.reply_type, **self.reply_extra))
 

@@ -51,57 +51,35 @@ M = TypeVar("M", bound=BaseModel)
 # ---- proto -> service requests ------------------------------------------------------
 
 
-def _parsed(model: type[M], fields: dict[str, Any]) -> M:
-    """The fields read off a proto message, validated once into the service's `model`."""
+def _parsed(model: type[M], msg: Any) -> M:
+    """The fields a proto message sets (read off its descriptor: `wire.fields_of`),
+    validated once into the service's `model`."""
     try:
-        return model.model_validate(fields)
+        return model.model_validate(wire.fields_of(msg))
+    except wire.InvalidField as exc:  # a `*_json` field that is not a JSON object
+        raise ServiceError("INVALID_ARGUMENT", str(exc), exc.field) from None
     except ValidationError as exc:
         raise ServiceError.from_validation(exc) from None
 
 
-def _optional(msg: Any, fields: dict[str, Any], *names: str) -> dict[str, Any]:
-    """`fields` with those of `names` the message sets (unset: the model's default)."""
-    for name in names:
-        if msg.HasField(name):
-            fields[name] = getattr(msg, name)
-    return fields
-
-
 def options_item(o: pb.SessionOptions) -> SessionOptions:
-    try:
-        config = wire.json_object(o.config_json, "config_json")
-        reasoning = wire.json_object(o.reasoning_json, "reasoning_json")
-    except wire.InvalidField as exc:
-        raise ServiceError("INVALID_ARGUMENT", str(exc), exc.field) from None
-    fields = {"env": o.env, "config": config, "seed": o.seed, "reasoning": reasoning}
-    return _parsed(
-        SessionOptions, _optional(o, fields, "format", "representation", "image_encoding")
-    )
+    return _parsed(SessionOptions, o)
 
 
 def reset_item(r: pb.ResetItem) -> ResetItem:
-    return _parsed(ResetItem, _optional(r, {"session_id": r.session_id}, "seed", "image_encoding"))
+    return _parsed(ResetItem, r)
 
 
 def step_item(s: pb.StepItem) -> StepItem:
-    which = s.WhichOneof("input")
-    if which is None:
+    if s.WhichOneof("input") is None:
         raise ServiceError(
             "INVALID_ARGUMENT", "give exactly one of 'response' or 'actions'", "input"
         )
-    fields: dict[str, Any] = {"session_id": s.session_id, "step_index": s.step_index}
-    if which == "response":
-        fields["response"] = s.response
-    else:  # each pb.Action straight into an ActionModel (the worker makes it an Action)
-        fields["actions"] = [
-            _optional(a, {"name": a.name, "args": list(a.args)}, "payload")
-            for a in s.actions.actions
-        ]
-    return _parsed(StepItem, _optional(s, fields, "image_encoding"))
+    return _parsed(StepItem, s)
 
 
 def fork_item(f: pb.ForkItem) -> ForkItem:
-    return _parsed(ForkItem, _optional(f, {"session_id": f.session_id}, "n"))
+    return _parsed(ForkItem, f)
 
 
 async def _per_item(

@@ -39,9 +39,9 @@ import logging
 import re
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import Gauge
 
@@ -49,6 +49,7 @@ from clients.errors import ConnectionFailure, VisenvError
 from clients.router import Router, Server
 from clients.transport import GrpcTransport
 from visenv import wire
+from visenv.wire import convert
 
 from .metrics import Metrics
 from .models import (
@@ -65,6 +66,7 @@ from .protocol import check_batch, check_env, unknown_session, validate
 from .session_ids import NODE_PATTERN, Origin, origin_of
 
 log = logging.getLogger("visenv.gateway")
+T = TypeVar("T")
 HEALTH_PROBE_SECONDS = 2.0  # how long /health waits for the upstreams' own figures
 
 
@@ -398,7 +400,9 @@ class GatewayService:
                 payload.append(None)
             else:  # counted on its server as placed, so that one batch spreads out
                 routed.append(self._place(options.env))
-                payload.append(wire.SessionOptions(**options.model_dump(mode="json")))
+                payload.append(
+                    wire.from_fields(wire.SessionOptions, options.model_dump(mode="json"))
+                )
         results = await self._fan_out(routed, payload, "create")
         for where, result in zip(routed, results, strict=True):
             if isinstance(where, _Server) and not isinstance(result, SessionReply):
@@ -420,15 +424,10 @@ class GatewayService:
         return await self._fan_out(routed, payload, call)
 
     async def reset(self, items: Sequence[ResetItem | Mapping[str, Any]]) -> list[Result]:
-        return await self._routed(
-            ResetItem,
-            items,
-            "reset",
-            lambda r: wire.ResetItem(r.session_id, r.seed, r.image_encoding),
-        )
+        return await self._routed(ResetItem, items, "reset", _as(wire.ResetItem))
 
     async def step(self, items: Sequence[StepItem | Mapping[str, Any]]) -> list[Result]:
-        return await self._routed(StepItem, items, "step", _wire_step)
+        return await self._routed(StepItem, items, "step", _as(wire.StepItem))
 
     async def get(self, session_ids: Sequence[str]) -> list[Result]:
         return await self._by_id(session_ids, "get")
@@ -445,9 +444,7 @@ class GatewayService:
         self, items: Sequence[ForkItem | Mapping[str, Any]]
     ) -> list[list[SessionReply] | ServiceError]:
         """Forks are made by the source's upstream (on its worker); their ids name it."""
-        return await self._routed(
-            ForkItem, items, "fork", lambda r: wire.ForkItem(r.session_id, r.n)
-        )
+        return await self._routed(ForkItem, items, "fork", _as(wire.ForkItem))
 
     async def frame(self, session_id: str) -> bytes:
         """The upstream's frame of the session (its Frame RPC: the latest image shown)."""
@@ -515,9 +512,7 @@ def _unknown_session(answer: Any) -> bool:
     return isinstance(answer, ServiceError) and answer.code == "NOT_FOUND"
 
 
-def _wire_step(req: StepItem) -> wire.StepItem:
-    """A validated step as it goes to the upstream."""
-    actions = None
-    if req.actions is not None:
-        actions = tuple(wire.ActionSpec(a.name, tuple(a.args), a.payload) for a in req.actions)
-    return wire.StepItem(req.session_id, req.step_index, req.response, actions, req.image_encoding)
+def _as(request: type[T]) -> Callable[[Any], T]:
+    """A validated item as it goes to the upstream: the SDK's `request` of its fields
+    (read by attribute name, nested actions alike: `visenv.wire.convert`)."""
+    return convert.from_attrs(request)

@@ -12,6 +12,9 @@ idea, every public name re-exported here (`from visenv import wire; wire.Session
 - `requests`: as clients build them: `SessionOptions`, `StepItem` (`Action`, also the
   environments' action type), `ResetItem`, `ForkItem`. The server reads requests into its
   own validated models (env_server/service/models.py), straight from the JSON or the proto.
+- `convert`: the requests' JSON and proto forms and the server's reading of their
+  messages (`to_proto`, `to_json`, `fields_of`, `from_fields`), generated from the proto
+  descriptor read against each request dataclass.
 - `envelopes`: the batch calls' envelopes (`BatchItem`, `BatchResponse`, ... as
   TypedDicts for the OpenAPI document) and their JSON and proto forms.
 - `json_text`: `JSONText`, reply fields held as JSON text until read, and the replies'
@@ -27,6 +30,7 @@ Each type has `to_json` / `from_json` (docs/wire.md's JSON, images as base64) an
 from __future__ import annotations
 
 from .channel import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES, STREAM_MAX_BYTES, Channel, open_channel
+from .convert import fields_of, from_fields, to_json, to_proto
 from .envelopes import (
     Answer,
     BatchItem,
@@ -104,6 +108,11 @@ __all__ = [
     "ResetItem",
     "SessionOptions",
     "StepItem",
+    # the requests' conversions, read off the proto descriptor
+    "fields_of",
+    "from_fields",
+    "to_json",
+    "to_proto",
     # envelopes
     "Answer",
     "BatchItem",

@@ -16,6 +16,7 @@ from typing_extensions import TypedDict  # pydantic reads typing's only from Pyt
 
 from visenv.v1 import visenv_pb2 as pb
 
+from . import convert
 from .errors import Error, ErrorLike
 from .replies import EnvSpec, R, SessionReply
 from .requests import StepItem
@@ -250,6 +251,7 @@ def frames_from_proto(msg: pb.FrameResponse) -> list[bytes | Error]:
 
 def step_request(items: Iterable[StepItem]) -> pb.StepRequest:
     out = pb.StepRequest()
+    add = out.items.add
     for item in items:
-        item.fill_proto(out.items.add())
+        convert.fill(item, add())
     return out

@@ -1,18 +1,22 @@
 """The requests as clients build them: `SessionOptions`, `StepItem` (`Action`, also the
 environments' action type), `ResetItem`, `ForkItem`. The server reads requests into its
 own validated models (env_server/service/models.py), straight from the JSON or the proto
-message."""
+message. Each is declared against its proto message (`convert.declared`): its JSON and
+proto forms, and the server's reading of the message, are generated from that (convert.py).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from visenv.v1 import visenv_pb2 as pb
 
+from . import convert
 
+
+@convert.declared(pb.SessionOptions)
 @dataclass(frozen=True)
 class SessionOptions:
     """Options of a new session, as a client sends them (docs/wire.md). None means the
@@ -27,29 +31,13 @@ class SessionOptions:
     image_encoding: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "env": self.env,
-            "config": self.config,
-            "seed": self.seed,
-            "reasoning": self.reasoning,
-        }
-        for key in ("format", "representation", "image_encoding"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
-        return out
+        return convert.to_json(self)
 
     def to_proto(self) -> pb.SessionOptions:
-        return pb.SessionOptions(
-            env=self.env,
-            config_json=json.dumps(self.config) if self.config else "",
-            seed=self.seed,
-            format=self.format,
-            representation=self.representation,
-            reasoning_json=json.dumps(self.reasoning) if self.reasoning else "",
-            image_encoding=self.image_encoding,
-        )
+        return convert.to_proto(self)  # type: ignore[return-value]
 
 
+@convert.declared(pb.Action)
 @dataclass(frozen=True)
 class Action:
     """One action, the same type from the wire to the environment: an explicit action of a
@@ -64,25 +52,17 @@ class Action:
     payload: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name}
-        if self.args:
-            out["args"] = list(self.args)
-        if self.payload is not None:
-            out["payload"] = self.payload
-        return out
+        return convert.to_json(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Action:
-        return cls(
-            name=str(data["name"]),
-            args=tuple(data.get("args", ()) or ()),
-            payload=data.get("payload"),
-        )
+        return convert.from_fields(cls, data)
 
 
 ActionSpec = Action  # the SDK's name for it (clients.ActionSpec)
 
 
+@convert.declared(pb.StepItem)
 @dataclass(frozen=True)
 class StepItem:
     """One session's turn as a client sends it: the agent's response text, or explicit
@@ -95,28 +75,10 @@ class StepItem:
     image_encoding: str | None = None  # an override for this reply
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"session_id": self.session_id, "step_index": self.step_index}
-        if self.actions is not None:
-            out["actions"] = [a.to_json() for a in self.actions]
-        else:
-            out["response"] = self.response or ""
-        if self.image_encoding is not None:
-            out["image_encoding"] = self.image_encoding
-        return out
-
-    def fill_proto(self, out: pb.StepItem) -> None:
-        out.session_id = self.session_id
-        out.step_index = self.step_index
-        if self.actions is not None:
-            out.actions.SetInParent()
-            for a in self.actions:
-                out.actions.actions.add(name=a.name, args=list(a.args), payload=a.payload)
-        else:
-            out.response = self.response or ""
-        if self.image_encoding is not None:
-            out.image_encoding = self.image_encoding
+        return convert.to_json(self)
 
 
+@convert.declared(pb.ResetItem)
 @dataclass(frozen=True)
 class ResetItem:
     """One session's new episode as a client asks for it: `seed` (None: the session's
@@ -127,6 +89,7 @@ class ResetItem:
     image_encoding: str | None = None
 
 
+@convert.declared(pb.ForkItem)
 @dataclass(frozen=True)
 class ForkItem:
     """`n` new sessions in the exact state of session `session_id`."""
