@@ -112,7 +112,7 @@ async def send(
     adapters rely on this and add no shield of their own."""
     loop = asyncio.get_running_loop()
     by_worker: dict[WorkerHandle, list[Sent]] = {}
-    for sent in todo:  # busy from now on (no await since `_claim`)
+    for sent in todo:  # busy from now on (no await since `claim`)
         for session in (sent.session, *sent.held):
             session.busy = loop.create_future()
         by_worker.setdefault(sent.session.worker, []).append(sent)
