@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from env_server.reasoning import ReasoningConfig, TurnScore
+from visenv.v1 import visenv_pb2 as pb
 
 from .messages import Stepped
 from .models import RewardParts, SessionReply
@@ -55,10 +56,21 @@ def assemble_reward(
 
 def with_penalty(reply: SessionReply, penalty: float) -> SessionReply:
     """A reply the worker finished (`assemble_reward` with no penalty), less the guard's
-    `penalty`, as `assemble_reward` would have subtracted it."""
-    if penalty:
-        reply.reward_parts.penalty = -penalty
-        reply.reward = reply.reward_parts.total
+    `penalty`, as `assemble_reward` would have subtracted it (`RewardParts.total` adds
+    the penalty last, to the sum of the others: the worker's reward). A reply still held
+    as its wire form stays so: the two numbers are written over its bytes."""
+    if not penalty:
+        return reply
+    data = reply.wire_bytes()
+    if data is not None:
+        reward = pb.SessionReply.FromString(data).reward + -penalty
+        if reward:  # (a zero reward would not be written over the worker's)
+            changes = pb.SessionReply(reward=reward, reward_parts=pb.RewardParts(penalty=-penalty))
+            merged = reply.merged_wire(changes)
+            if merged is not None:
+                return merged
+    reply.reward_parts.penalty = -penalty
+    reply.reward = reply.reward_parts.total
     return reply
 
 

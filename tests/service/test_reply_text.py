@@ -327,3 +327,29 @@ def test_sokoban_replies_carry_each_ground_truths_own_text():
         check(worker.handle([Reset(s) for s in done]))
         resets += len(done)
     assert resets >= 3 and checked > 40
+
+
+@pytest.mark.parametrize("penalty", [0.1, 0.25, "all"])
+def test_a_guard_penalty_is_written_over_the_wire_form_as_over_the_fields(penalty):
+    """The guard's penalty on a reply still held as its worker's bytes is written over
+    them (protobuf's merge), unread; the result is the reply the fields' way gives, on
+    both wires. A penalty that brings the reward to zero takes the fields' way (proto3
+    can't write a zero over a number)."""
+    from env_server.service.assemble import with_penalty
+
+    worker = Worker()
+    worker.handle([_mk("s-1", {"env": "sokoban", "seed": 3, "format": "grounding_worldmodeling"})])
+    [stepped] = _over_the_pipe(worker.handle([Step("s-1", _responses(random.Random(1))[0])]))
+    assert stepped.reply.wire_bytes() is not None
+    fields = _from_values(copy.deepcopy(stepped.reply))  # (the copy read, not the reply)
+    amount = fields.reward if penalty == "all" else penalty
+    assert fields.reward and (penalty == "all" or fields.reward != penalty), fields.reward
+    fields = with_penalty(fields, amount)
+    merged = with_penalty(stepped.reply, amount)
+    assert (merged.wire_bytes() is None) == (penalty == "all")
+    assert wire.batch_to_proto([merged]).SerializeToString() == (
+        wire.batch_to_proto([fields]).SerializeToString()
+    )
+    assert merged == fields and merged.reward_parts.penalty == -amount
+    assert merged.reward == merged.reward_parts.total
+    assert _rest(merged) == _rest(fields)

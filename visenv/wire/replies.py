@@ -334,6 +334,17 @@ class SessionReply(JSONText):
         d = self.__dict__
         return d["_wire"] if len(d) == 1 and "_wire" in d else None
 
+    def merged_wire(self, changes: pb.SessionReply) -> SessionReply | None:
+        """This reply, still held as its wire form, with the fields `changes` sets written
+        over it, unread: protobuf's merge, which appending a message's bytes is (a scalar
+        set there wins, a message field merges field by field). None when this reply is
+        not held as its wire form. A proto3 scalar at zero is not sent, so it can't
+        overwrite: `changes` must set no field to zero that is not zero here."""
+        data = self.wire_bytes()
+        if data is None:
+            return None
+        return _from_wire(data + changes.SerializeToString())
+
     def _unwire(self) -> None:
         """Decode the wire form into the fields (a field set meanwhile keeps its value)."""
         d = self.__dict__
@@ -344,7 +355,7 @@ class SessionReply(JSONText):
                 d.setdefault(name, value)
 
     def __getattr__(self, name: str) -> Any:  # only for a field not set yet
-        if "_wire" in self.__dict__:
+        if "_wire" in self.__dict__ and not name.startswith("_"):  # (not `copy`'s probes)
             self._unwire()
             return getattr(self, name)
         return JSONText.__getattr__(self, name)
