@@ -4,9 +4,10 @@ A step's reward is assembled by one function, `assemble.assemble_reward`, which 
 calls as it finishes a step's reply. The API process subtracts the reasoning guard's
 penalty in the rare turn that has one (`assemble.with_penalty`: the guard counts
 responses over every worker's sessions), and assembles the reward itself only for a
-session graded by the LLM judge, once the judge's scores are in. `Rewards` holds the judges (one per distinct judge config) and the guards (one
-per distinct guard config; a fork gets its own copy) and grades the steps a worker
-applied (`Rewards.grade`). `writable` is what a reply with a non-finite number becomes.
+session graded by the LLM judge, once the judge's scores are in. `Rewards` holds the
+judges (one per distinct judge config) and the guards (one per distinct guard config; a
+fork gets its own copy) and grades the steps a worker applied (`Rewards.grade`).
+`writable` is what a reply with a non-finite number becomes.
 """
 
 from __future__ import annotations
