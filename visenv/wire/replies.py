@@ -1,6 +1,8 @@
 """The replies as they travel: `SessionReply` (its `Observation`, `Image`s and
 `RewardParts`) and `EnvSpec`, each with `to_json` / `from_json` (docs/wire.md's JSON,
 images as base64) and its proto form (free-form JSON objects as text in `*_json` fields).
+`SessionReply` and its parts are declared against their proto messages
+(`convert.declared`): both forms are generated from that (convert.py).
 
 Replies are plain dataclasses, built without validation (they are the hot path).
 `SessionReply`, `RewardParts` and `EnvSpec` are mutable: the server fills in a step's
@@ -8,7 +10,6 @@ reward parts as grading finishes."""
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import io
 import json
@@ -20,14 +21,42 @@ import numpy as np
 
 from visenv.v1 import visenv_pb2 as pb
 
+from . import convert
 from .json_text import JSONText, _reduce_to_fields
 from .schema import SCHEMA
 
 ImageEncoding = Literal["png", "jpeg", "raw"]
 
 
+class _Declared:
+    """The conversions of a type declared against its proto message (`convert.declared`)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return convert.to_json(self)
+
+    @classmethod
+    def from_json(cls: type[D], data: dict[str, Any], **extra: Any) -> D:
+        """`extra`: fields of a subclass (the SDK's reply adds `server`)."""
+        return convert.from_json(cls, data, **extra)
+
+    def fill_proto(self, out: Any) -> None:
+        """Write into the (empty) message `out` in place (no copy of nested messages)."""
+        convert.fill(self, out)
+
+    def to_proto(self) -> Any:
+        return convert.to_proto(self)
+
+    @classmethod
+    def from_proto(cls: type[D], msg: Any, **extra: Any) -> D:
+        return convert.from_message(cls, msg, **extra)
+
+
+D = TypeVar("D", bound=_Declared)
+
+
+@convert.declared(pb.Image, reply=True)
 @dataclass(frozen=True)
-class Image:
+class Image(_Declared):
     """One image as it travels: the encoded bytes, their encoding, and the image's shape.
     `to_array()` decodes it."""
 
@@ -56,27 +85,10 @@ class Image:
 
         return PILImage.fromarray(self.to_array())
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "encoding": self.encoding,
-            "data": base64.b64encode(self.data).decode("ascii"),
-            "shape": list(self.shape),
-        }
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Image:
-        return cls(data["encoding"], base64.b64decode(data["data"]), tuple(data.get("shape") or ()))
-
-    def to_proto(self) -> pb.Image:
-        return pb.Image(encoding=self.encoding, data=self.data, shape=self.shape)
-
-    @classmethod
-    def from_proto(cls, msg: pb.Image) -> Image:
-        return cls(msg.encoding, msg.data, tuple(msg.shape))  # type: ignore[arg-type]
-
-
+@convert.declared(pb.Observation, reply=True)
 @dataclass(frozen=True)
-class Observation(JSONText):
+class Observation(JSONText, _Declared):
     """What the agent sees: text with one "<image>" placeholder per image, the images,
     the ground truth (the true state as JSON) and info (either may be held as JSON text:
     `JSONText`)."""
@@ -98,43 +110,13 @@ class Observation(JSONText):
         if not isinstance(self.images, tuple):  # the server hands a list
             object.__setattr__(self, "images", tuple(self.images))
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "text": self.text,
-            "images": [im.to_json() for im in self.images],
-            "ground_truth": self.ground_truth,
-            "info": self.info,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Observation:
-        return cls(
-            text=data["text"],
-            images=tuple(Image.from_json(im) for im in data.get("images", ())),
-            ground_truth=data.get("ground_truth") or {},
-            info=data.get("info") or {},
-        )
-
-    def fill_proto(self, out: pb.Observation) -> None:
-        out.text = self.text
-        for im in self.images:
-            out.images.add(encoding=im.encoding, data=im.data, shape=im.shape)
-        out.ground_truth_json = self._dumps("ground_truth")
-        out.info_json = self._dumps("info")
-
-    @classmethod
-    def from_proto(cls, msg: pb.Observation) -> Observation:
-        # the JSON fields are decoded when read, not here (`JSONText`): a trainer seldom
-        # reads the ground truth, and decoding it was a third of the SDK's CPU per step
-        return cls.with_json(
-            {"ground_truth": msg.ground_truth_json or "{}", "info": msg.info_json or "{}"},
-            text=msg.text,
-            images=tuple([Image.from_proto(im) for im in msg.images]),
-        )
+    # read from a message, the JSON fields stay text until read (`JSONText`): a trainer
+    # seldom reads the ground truth, and decoding it was a third of the SDK's CPU per step
 
 
+@convert.declared(pb.RewardParts, reply=True)
 @dataclass
-class RewardParts:
+class RewardParts(_Declared):
     """A turn's reward by source; `reward` is their sum (`total`)."""
 
     __pydantic_config__ = SCHEMA
@@ -155,41 +137,20 @@ class RewardParts:
     def total(self) -> float:
         return self.env + self.format + self.observation + self.prediction + self.penalty
 
-    def to_json(self) -> dict[str, float]:
-        return {
-            "env": self.env,
-            "format": self.format,
-            "observation": self.observation,
-            "prediction": self.prediction,
-            "penalty": self.penalty,
-        }
-
-    to_dict = to_json
+    def to_dict(self) -> dict[str, float]:
+        return convert.to_json(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any] | None) -> RewardParts:
-        data = data or {}
-        return cls(*(float(data.get(k, 0.0)) for k in _REWARD_PARTS))
+    def from_json(cls, data: dict[str, Any] | None, **extra: Any) -> RewardParts:
+        return convert.from_json(cls, data or {}, **extra)
 
-    def fill_proto(self, out: pb.RewardParts) -> None:
-        out.env = self.env
-        out.format = self.format
-        out.observation = self.observation
-        out.prediction = self.prediction
-        out.penalty = self.penalty
-
-    @classmethod
-    def from_proto(cls, msg: pb.RewardParts) -> RewardParts:
-        return cls(msg.env, msg.format, msg.observation, msg.prediction, msg.penalty)
-
-
-_REWARD_PARTS = tuple(f.name for f in dataclasses.fields(RewardParts))
 
 R = TypeVar("R", bound="SessionReply")
 
 
+@convert.declared(pb.SessionReply, reply=True)
 @dataclass
-class SessionReply(JSONText):
+class SessionReply(JSONText, _Declared):
     """A server's answer for one session: its observation and, after a step, the reward
     (`info` may be held as JSON text: `JSONText`)."""
 
@@ -222,7 +183,7 @@ class SessionReply(JSONText):
     invalid_actions, parse_error, observation_score, prediction_score, judge_error,
     env extras."""
     system_prompt: str = ""
-    """On create/reset replies only."""
+    """On create/reset replies only (elsewhere "", and not sent)."""
 
     def __post_init__(self) -> None:
         if self.system_prompt is None:
@@ -231,45 +192,6 @@ class SessionReply(JSONText):
     @property
     def done(self) -> bool:
         return self.terminated or self.truncated
-
-    def to_json(self) -> dict[str, Any]:
-        out = {
-            "session_id": self.session_id,
-            "env": self.env,
-            "step_index": self.step_index,
-            "episode": self.episode,
-            "turn": self.turn,
-            "observation": self.observation.to_json(),
-            "reward": self.reward,
-            "reward_parts": self.reward_parts.to_json(),
-            "terminated": self.terminated,
-            "truncated": self.truncated,
-            "success": self.success,
-            "info": self.info,
-        }
-        if self.system_prompt:
-            out["system_prompt"] = self.system_prompt
-        return out
-
-    @classmethod
-    def from_json(cls: type[R], data: dict[str, Any], **extra: Any) -> R:
-        """`extra`: fields of a subclass (the SDK's reply adds `server`)."""
-        return cls(
-            session_id=data["session_id"],
-            env=data.get("env", ""),
-            step_index=int(data.get("step_index", 0)),
-            episode=int(data.get("episode", 0)),
-            turn=int(data.get("turn", 0)),
-            observation=Observation.from_json(data["observation"]),
-            reward=float(data.get("reward", 0.0)),
-            reward_parts=RewardParts.from_json(data.get("reward_parts")),
-            terminated=bool(data.get("terminated", False)),
-            truncated=bool(data.get("truncated", False)),
-            success=bool(data.get("success", False)),
-            info=data.get("info") or {},
-            system_prompt=data.get("system_prompt") or "",
-            **extra,
-        )
 
     def to_proto(self) -> pb.SessionReply:
         out = pb.SessionReply()
@@ -283,19 +205,7 @@ class SessionReply(JSONText):
         if data is not None:
             out.MergeFromString(data)
             return
-        out.session_id = self.session_id
-        out.env = self.env
-        out.step_index = self.step_index
-        out.episode = self.episode
-        out.turn = self.turn
-        self.observation.fill_proto(out.observation)
-        out.reward = self.reward
-        self.reward_parts.fill_proto(out.reward_parts)
-        out.terminated = self.terminated
-        out.truncated = self.truncated
-        out.success = self.success
-        out.info_json = self._dumps("info")
-        out.system_prompt = self.system_prompt or ""
+        convert.fill(self, out)
 
     # ---- the wire form: how a reply crosses from the worker that finished it ----------
     def __reduce__(self) -> tuple:
@@ -321,7 +231,7 @@ class SessionReply(JSONText):
             type(parts) is RewardParts
             and type(obs) is Observation
             and math.isfinite(self.reward)
-            and all(math.isfinite(v) for v in parts.to_json().values())
+            and all(math.isfinite(v) for v in parts.to_dict().values())
             and self.json_text("info") is not None
             and obs.json_text("ground_truth") is not None
             and obs.json_text("info") is not None
@@ -367,25 +277,6 @@ class SessionReply(JSONText):
     def set_json_text(self, name: str, text: str) -> None:
         self._unwire()
         JSONText.set_json_text(self, name, text)
-
-    @classmethod
-    def from_proto(cls: type[R], msg: pb.SessionReply, **extra: Any) -> R:
-        return cls.with_json(  # info decoded when read, as the observation's JSON fields
-            {"info": msg.info_json or "{}"},
-            session_id=msg.session_id,
-            env=msg.env,
-            step_index=msg.step_index,
-            episode=msg.episode,
-            turn=msg.turn,
-            observation=Observation.from_proto(msg.observation),
-            reward=msg.reward,
-            reward_parts=RewardParts.from_proto(msg.reward_parts),
-            terminated=msg.terminated,
-            truncated=msg.truncated,
-            success=msg.success,
-            system_prompt=msg.system_prompt,
-            **extra,
-        )
 
 
 def _from_wire(data: bytes) -> SessionReply:
