@@ -95,6 +95,7 @@ class Conversions:
 _BY_CLASS: dict[type, Conversions] = {}
 _BY_MESSAGE: dict[str, Conversions] = {}  # by the message's full name
 _BY_MESSAGE_TYPE: dict[type[Message], Conversions] = {}
+_INHERITED: dict[type, Conversions] = {}  # a subclass of a declared class: its parent's
 
 
 def declared(message: type[Message], reply: bool = False) -> Callable[[type[T]], type[T]]:
@@ -114,12 +115,13 @@ def declared(message: type[Message], reply: bool = False) -> Callable[[type[T]],
 
 def conversions(cls: type) -> Conversions:
     """The conversions of `cls`, a declared dataclass (or a subclass of one)."""
-    conv = _BY_CLASS.get(cls)
+    conv = _BY_CLASS.get(cls) or _INHERITED.get(cls)
     if conv is not None:
         return conv
     for klass in cls.__mro__:
         if klass in _BY_CLASS:
-            return _BY_CLASS[klass]
+            conv = _INHERITED[cls] = _BY_CLASS[klass]  # (the SDK's reply: once, not per call)
+            return conv
     raise TypeError(f"{cls.__name__} is not declared against a protobuf message")
 
 
