@@ -116,6 +116,10 @@ class AsyncEnvClient:
         self.retries = retries
         self.retry_wait = retry_wait
         self._next_step: dict[str, int] = {}  # session id -> step_index of its next step
+        # sessions placed on each server by creates still in flight: a server's status,
+        # asked at each placement, does not count them yet (concurrent creates of one
+        # session each all went to one server)
+        self._placing: dict[Server, int] = {}
 
     # ---- lifecycle ---------------------------------------------------------------
     async def __aenter__(self) -> AsyncEnvClient:
@@ -337,6 +341,7 @@ class AsyncEnvClient:
                 self._stale()
             else:
                 server.learn(st, mine.get(server, 0))
+                server.sessions += self._placing.get(server, 0)
                 if not server.draining:  # a draining server takes no new sessions
                     open_.append(server)
         if not open_:
@@ -388,7 +393,13 @@ class AsyncEnvClient:
                 await self._set.now()
             again.clear()
             placement = await self._place([items[p].env for p in todo], refused)
-            answers = await self._router.fan_out(placement, functools.partial(one, todo))
+            for server in placement:
+                self._placing[server] = self._placing.get(server, 0) + 1
+            try:
+                answers = await self._router.fan_out(placement, functools.partial(one, todo))
+            finally:
+                for server in placement:
+                    self._placing[server] -= 1
             for pos, answer in zip(todo, answers, strict=True):
                 results[pos] = answer
             todo = sorted(again)

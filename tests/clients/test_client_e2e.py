@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import dataclasses
 import random
 import socket
@@ -62,6 +64,25 @@ def test_episodes_spread_over_both_servers(two_servers):
             assert turn.reward == pytest.approx(sum(turn.reward_parts.to_dict().values()))
             assert turn.info["action_valid"] is True
             assert turn.ground_truth["player"]
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_concurrent_creates_of_one_session_each_spread_over_both_servers(two_servers, transport):
+    """Each create asks the servers' session counts, which don't count the creates still in
+    flight: eight agent loops creating one session each at once (verl's) all went to the
+    first server."""
+    a, b = two_servers
+    addresses = [f"http://{s.http}" if transport == "http" else s.grpc for s in (a, b)]
+
+    async def main() -> list[str]:
+        async with AsyncEnvClient(addresses, transport=transport, token=TOKEN) as client:
+            made = await asyncio.gather(
+                *(client.create([SessionOptions("sokoban", seed=i)]) for i in range(8))
+            )
+            return [replies[0].server for replies in made]
+
+    placed = asyncio.run(main())
+    assert sorted(collections.Counter(placed).values()) == [4, 4], placed
 
 
 def test_concurrency_limit_reuses_sessions(two_servers):
