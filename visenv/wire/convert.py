@@ -458,18 +458,28 @@ def _to_json_source(fields: tuple[Field, ...], reply: bool) -> str:
     return "\n".join(lines + ["    return d", ""])
 
 
+def _read_one(f: Field, x: str, reader: str) -> str:
+    """Code reading `x`, one item of message field `f`, by the compiled reader of its
+    dataclass: `_attrs` (from_attrs), `_msg` (from_message) or `_fromjson` (from_json)."""
+    name = f.item.__name__
+    return f"{reader}_{name}({x})" if reader == "_attrs" else f"{reader}_{name}({x}, _{name}, {{}})"
+
+
+def _tuple_of(f: Field, items: str, reader: str) -> str:
+    """Code for the tuple of `items` (an expression): scalars as they are, messages each
+    read by `_read_one`."""
+    if f.item is None:
+        return f"tuple({items})"
+    return f"tuple([{_read_one(f, 'x', reader)} for x in {items}])"
+
+
 def _from_attrs_source(fields: tuple[Field, ...], order: list[str]) -> str:
     def value(f: Field) -> str:
+        get = f"s.{f.attr}"
         if f.kind in ("scalar", "bytes", "optional", "json"):
-            return f"s.{f.attr}"
-        if f.kind == "message":
-            return f"None if s.{f.attr} is None else _attrs_{f.item.__name__}(s.{f.attr})"
-        items = (
-            f"s.{f.attr}"
-            if f.item is None
-            else f"(_attrs_{f.item.__name__}(x) for x in s.{f.attr})"
-        )
-        return f"None if s.{f.attr} is None else tuple({items})"
+            return get
+        read = _read_one(f, get, "_attrs") if f.kind == "message" else _tuple_of(f, get, "_attrs")
+        return f"None if {get} is None else {read}"
 
     by_attr = {f.attr: f for f in fields}
     args = ", ".join(value(by_attr[attr]) for attr in order)
@@ -491,14 +501,12 @@ def _from_message_source(fields: tuple[Field, ...], lazy: bool) -> str:
         if f.kind == "repeated":
             return f"tuple({get})"
         if f.kind == "message":
-            return f"_msg_{f.item.__name__}({get}, _{f.item.__name__}, {{}})"
-        items = f"{get}.{f.inner}" if f.kind == "wrapper" else get
-        read = (
-            f"tuple({items})"
-            if f.item is None
-            else f"tuple([_msg_{f.item.__name__}(x, _{f.item.__name__}, {{}}) for x in {items}])"
-        )
-        return f"{read} if m.HasField({f.proto!r}) else None" if f.kind == "wrapper" else read
+            return _read_one(f, get, "_msg")
+        if f.kind == "wrapper":
+            return (
+                f"{_tuple_of(f, f'{get}.{f.inner}', '_msg')} if m.HasField({f.proto!r}) else None"
+            )
+        return _tuple_of(f, get, "_msg")
 
     texts = [f for f in fields if lazy and f.kind == "json"]
     args = ", ".join(f"{f.attr}={value(f)}" for f in fields if f not in texts)
@@ -530,12 +538,8 @@ def _from_json_source(fields: tuple[Field, ...]) -> str:
         if f.kind == "repeated":
             return f"tuple({get} or ())"
         if f.kind == "message":
-            return f"_fromjson_{f.item.__name__}({get} or {{}}, _{f.item.__name__}, {{}})"
-        read = (
-            f"tuple({get})"
-            if f.item is None
-            else f"tuple([_fromjson_{f.item.__name__}(x, _{f.item.__name__}, {{}}) for x in {get}])"
-        )
+            return _read_one(f, f"{get} or {{}}", "_fromjson")
+        read = _tuple_of(f, get, "_fromjson")
         if f.kind == "wrapper":
             return f"None if {get} is None else {read}"
         return f"{read} if {get} else ()"
