@@ -48,6 +48,7 @@ from visenv import wire
 
 from .compat.common import PREFIX as COMPAT_PREFIX
 from .compat.common import SafeJSONResponse, json_bytes, presented_token
+from .lean import LeanStepMiddleware
 
 log = logging.getLogger("visenv.rest")
 STATIC = Path(__file__).parent / "static"
@@ -112,6 +113,13 @@ OPEN_PATHS = ("/health", "/play", "/static/", "/docs", "/static-offline-docs/", 
 
 def error_response(error: ServiceError) -> JSONResponse:
     return SafeJSONResponse({"error": error.to_json()}, status_code=error.http_status)
+
+
+def one(result: Any) -> Response:
+    """A single-session route's response: the reply, or the error it got."""
+    if isinstance(result, ServiceError):
+        return error_response(result)
+    return SafeJSONResponse(result.to_json())
 
 
 class TokenSizeMiddleware:
@@ -306,6 +314,10 @@ def build_app(
         "Wire shapes: docs/wire.md. Play by hand at /play.",
     )
     app.router.route_class = OffloadRoute  # large JSON bodies parsed off the event loop
+    # the single-session step without FastAPI's routing (its errors: the route's, below)
+    app.add_middleware(
+        LeanStepMiddleware, service=service, answer=one, max_bytes=OFFLOAD_BODY_BYTES
+    )
     app.add_middleware(
         TokenSizeMiddleware, token=token, max_bytes=max_request_bytes, open_prefixes=open_prefixes
     )
@@ -334,11 +346,6 @@ def build_app(
             status_code=exc.status_code,
             headers=exc.headers,
         )
-
-    def one(result: Any) -> Response:
-        if isinstance(result, ServiceError):
-            return error_response(result)
-        return SafeJSONResponse(result.to_json())
 
     async def batch(results: list) -> Response:
         if len(results) <= OFFLOAD_ITEMS:
