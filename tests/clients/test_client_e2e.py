@@ -70,19 +70,30 @@ def test_episodes_spread_over_both_servers(two_servers):
 def test_concurrent_creates_of_one_session_each_spread_over_both_servers(two_servers, transport):
     """Each create asks the servers' session counts, which don't count the creates still in
     flight: eight agent loops creating one session each at once (verl's) all went to the
-    first server."""
+    first server. Now they fill both up evenly (the servers may hold other tests' sessions)."""
     a, b = two_servers
     addresses = [f"http://{s.http}" if transport == "http" else s.grpc for s in (a, b)]
+
+    def held() -> list[int]:
+        return [httpx.get(f"http://{s.http}/health", timeout=10).json()["sessions"] for s in (a, b)]
+
+    before = held()
+    assert abs(before[0] - before[1]) <= 2, before  # else all eight may rightly go to one
 
     async def main() -> list[str]:
         async with AsyncEnvClient(addresses, transport=transport, token=TOKEN) as client:
             made = await asyncio.gather(
                 *(client.create([SessionOptions("sokoban", seed=i)]) for i in range(8))
             )
-            return [replies[0].server for replies in made]
+            placed = [replies[0].server for replies in made]
+            after = held()
+            await client.close([replies[0].session_id for replies in made])
+            return placed, after
 
-    placed = asyncio.run(main())
-    assert sorted(collections.Counter(placed).values()) == [4, 4], placed
+    placed, after = asyncio.run(main())
+    counts = collections.Counter(placed)
+    assert len(counts) == 2 and sum(after) == sum(before) + 8, (placed, before, after)
+    assert abs(after[0] - after[1]) <= 1, (placed, before, after)  # 8/0 before the fix
 
 
 def test_concurrency_limit_reuses_sessions(two_servers):

@@ -32,7 +32,7 @@ GOOD = (
 # (body, headers): what clients send, the well-formed and the broken; `{i}`: the index the
 # session expects next
 BODIES: list[tuple[str | bytes, dict[str, str]]] = [
-    ('{"step_index": {i}, "response": "%s"}' % GOOD, {}),
+    ('{"step_index": {i}, "response": "' + GOOD + '"}', {}),
     ('{"step_index": {i}, "actions": [{"name": "Left"}]}', {}),
     ('{"step_index": 0, "actions": [{"name": "Left"}]}', {}),  # a repeated index: memory
     ('{"step_index": 99, "actions": [{"name": "Left"}]}', {}),  # ahead: refused
