@@ -7,6 +7,7 @@ same probes and prints what they cost others."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -209,6 +210,25 @@ def test_websocket_answers_an_error_and_stays_open(server, http, message, field)
         ws.send(json.dumps({"type": "step", "data": {"actions": ["Left"]}}))  # still served
         assert json.loads(ws.recv(timeout=30))["type"] == "observation"
     assert held(http) == 0  # the connection's session is closed with it
+
+
+def test_websocket_closed_by_its_client_logs_no_error(server, http):
+    """OpenEnv's client says `close` and shuts the socket at once; the server's own close
+    then meets a gone client, which is no error (it logged a traceback per connection)."""
+    url = server.url.replace("http", "ws") + "/compat/openenv/sokoban/ws"
+    seen = len(server.output)
+    for _ in range(4):
+        with ws_connect(url, max_size=None) as ws:
+            ws.send(json.dumps({"type": "reset", "data": {"seed": 3}}))
+            assert json.loads(ws.recv(timeout=30))["type"] == "observation"
+            ws.send(json.dumps({"type": "close"}))
+    deadline = time.monotonic() + 10
+    while held(http) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert held(http) == 0
+    time.sleep(0.5)  # (a traceback is written after the close)
+    logged = "".join(server.output[seen:])
+    assert "Traceback" not in logged and "Exception in ASGI" not in logged, logged[-2000:]
 
 
 # ---- generated: nesting and Unicode -------------------------------------------------------------

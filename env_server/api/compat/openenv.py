@@ -347,6 +347,9 @@ def openenv_router(service: SessionService) -> APIRouter:
             # shielded: a dropped connection must still close its session
             await asyncio.shield(connection.close())
             if websocket.client_state.name == "CONNECTED":
-                await websocket.close()
+                try:
+                    await websocket.close()
+                except WebSocketDisconnect:  # the client went first (its `close`, then away)
+                    pass
 
     return router
