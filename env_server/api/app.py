@@ -96,8 +96,9 @@ async def _announce_ready(
 
 async def serve(settings: Settings, announce: Callable[[str], None] = print) -> None:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)  # errors carry their ids there
-    for handler in logging.getLogger().handlers:  # no flood (accept errors...) fills a disk
-        handler.addFilter(RateLimitedLog(settings.log_burst, 60.0))
+    limited = RateLimitedLog(settings.log_burst, 60.0)  # no flood (accept errors...) fills a disk
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(limited)
     max_connections = settings.max_connections or default_max_connections()
     if settings.upstreams:  # gateway mode: the sessions live on the upstream servers
         service: SessionService = GatewayService(
@@ -137,6 +138,11 @@ async def serve(settings: Settings, announce: Callable[[str], None] = print) -> 
             ),
             timeout_keep_alive=settings.keep_alive_timeout,
         )
+        # uvicorn's loggers have their own handlers (set up by its Config): limited too, or
+        # a client sending garbage writes "Invalid HTTP request received." per connection
+        for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+            for handler in logging.getLogger(name).handlers:
+                handler.addFilter(limited)
         server = uvicorn.Server(config)
         server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
 

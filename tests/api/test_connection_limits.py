@@ -109,3 +109,18 @@ def test_slow_loris_is_closed_while_a_normal_client_is_served(start_visenv_serve
         for sock in silent + slow_headers + slow_bodies:
             sock.close()
     assert served > 0
+
+
+def test_garbage_requests_do_not_flood_the_log(start_visenv_server):
+    """uvicorn logs "Invalid HTTP request received." per connection on its own handlers;
+    they are held to the server's log burst too (VISENV_LOG_BURST), and the server goes on."""
+    server = start_visenv_server(workers=1, envs="sokoban", extra_env={"VISENV_LOG_BURST": "3"})
+    for _ in range(30):
+        with _connect(server) as sock:
+            sock.sendall(b"GARBAGE\x00\x01 /x HTTP/9\r\n\r\n")
+            assert _read_all(sock).startswith(b"HTTP/1.1 400 ")
+    with server.client() as http:
+        assert http.get("/health").status_code == 200
+    time.sleep(0.3)
+    logged = sum("Invalid HTTP request" in line for line in server.output)
+    assert 1 <= logged <= 3, logged
