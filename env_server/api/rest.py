@@ -122,6 +122,21 @@ def one(result: Any) -> Response:
     return SafeJSONResponse(result.to_json())
 
 
+async def batch(results: list) -> Response:
+    """A batch route's response: each item's reply or error, in order."""
+    if len(results) <= OFFLOAD_ITEMS:
+        return SafeJSONResponse({"results": [wire.batch_item_json(r) for r in results]})
+
+    # a training-sized reply (tens of MB of JSON) is written off the event loop, item by
+    # item (one json.dumps call over all of it would hold the GIL throughout), so that
+    # other sessions' calls are answered meanwhile
+    def render() -> bytes:
+        items = (json_bytes(wire.batch_item_json(r)) for r in results)
+        return b'{"results":[' + b",".join(items) + b"]}"
+
+    return Response(await asyncio.to_thread(render), media_type="application/json")
+
+
 class TokenSizeMiddleware:
     """Pure ASGI middleware: bearer-token check and request-body size limit.
 
@@ -314,9 +329,9 @@ def build_app(
         "Wire shapes: docs/wire.md. Play by hand at /play.",
     )
     app.router.route_class = OffloadRoute  # large JSON bodies parsed off the event loop
-    # the single-session step without FastAPI's routing (its errors: the route's, below)
+    # the steps without FastAPI's routing (their errors: the routes', below)
     app.add_middleware(
-        LeanStepMiddleware, service=service, answer=one, max_bytes=OFFLOAD_BODY_BYTES
+        LeanStepMiddleware, service=service, one=one, batch=batch, max_bytes=OFFLOAD_BODY_BYTES
     )
     app.add_middleware(
         TokenSizeMiddleware, token=token, max_bytes=max_request_bytes, open_prefixes=open_prefixes
@@ -346,19 +361,6 @@ def build_app(
             status_code=exc.status_code,
             headers=exc.headers,
         )
-
-    async def batch(results: list) -> Response:
-        if len(results) <= OFFLOAD_ITEMS:
-            return SafeJSONResponse({"results": [wire.batch_item_json(r) for r in results]})
-
-        # a training-sized reply (tens of MB of JSON) is written off the event loop, item by
-        # item (one json.dumps call over all of it would hold the GIL throughout), so that
-        # other sessions' calls are answered meanwhile
-        def render() -> bytes:
-            items = (json_bytes(wire.batch_item_json(r)) for r in results)
-            return b'{"results":[' + b",".join(items) + b"]}"
-
-        return Response(await asyncio.to_thread(render), media_type="application/json")
 
     @app.get("/health", tags=["server"])
     async def health() -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""The REST step's lean route (env_server/api/lean.py) answers every body exactly as the
-FastAPI route it bypasses: the same status, headers and JSON, the errors included.
+"""The REST steps' lean route (env_server/api/lean.py) answers every body exactly as the
+FastAPI routes it bypasses (the single-session step and the batch step): the same status,
+headers and JSON, the errors included.
 
 In-process: the REST app over a real EnvService (one worker process), called through
 httpx's ASGI transport. Each body goes to two twin sessions (same environment, same seed),
@@ -60,16 +61,23 @@ BODIES: list[tuple[str | bytes, dict[str, str]]] = [
 @pytest.fixture(scope="module")
 def app(run):
     svc = EnvService(
-        Settings(workers=1, envs=["sokoban", "tiny"], env_paths={TinyEnv.name: TINY_PATH})
+        Settings(
+            workers=1,
+            envs=["sokoban", "tiny"],
+            env_paths={TinyEnv.name: TINY_PATH},
+            max_batch_items=8,
+        )  # fmt: skip
     )
     run(svc.start())
     yield build_app(svc, token=TOKEN, max_request_bytes=1 << 20)
     run(svc.stop())
 
 
-async def _call(app, sid: str, body: str | bytes, headers: dict[str, str]) -> httpx.Response:
+async def _call(
+    app, sid: str, body: str | bytes, headers: dict[str, str], path: str = "/v1/sessions/{sid}/step"
+) -> httpx.Response:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
-        return await c.post(f"/v1/sessions/{sid}/step", content=body,
+        return await c.post(path.format(sid=sid), content=body,
                             headers={"content-type": "application/json", **AUTH, **headers})  # fmt: skip
 
 
@@ -112,9 +120,54 @@ def test_the_lean_route_answers_every_body_as_the_fastapi_route_does(run, app, m
     run(main())
 
 
+# batch bodies: `{sid}` is the twin's session, `{i}` the index it expects next
+ITEM = '{"session_id": "{sid}", "step_index": {i}, "actions": [{"name": "Left"}]}'
+BATCH_BODIES: list[tuple[str | bytes, dict[str, str]]] = [
+    ('{"items": [' + ITEM + "]}", {}),
+    ('{"items": [{"session_id": "{sid}", "step_index": {i}, "response": "' + GOOD + '"}]}', {}),
+    ('{"items": [' + ITEM + ", " + ITEM + "]}", {}),  # one session twice: the second refused
+    ('{"items": [' + ITEM + ', {"session_id": "s-nope", "step_index": 0, "response": "x"}]}', {}),
+    ('{"items": [' + ITEM + ", 7]}", {}),  # an item that is not an object
+    ('{"items": [' + ", ".join(["{}"] * 9) + "]}", {}),  # over max_batch_items (8)
+    ('{"items": []}', {}),
+    ('{"items": {}}', {}),
+    ('{"items": [' + ITEM + '], "extra": 1}', {}),
+    (
+        '{"items": [{"session_id": "{sid}", "step_index": {i}, "response": "'
+        + "y" * 70_000
+        + '"}]}',
+        {},
+    ),
+    ('{"items": [', {}),
+    ("null", {}),
+    ('{"items": [' + ITEM + "]}", {"content-type": "text/plain"}),
+    ('{"items": [' + ITEM + "]}", {"Authorization": "Bearer no"}),
+]
+
+
+def test_the_lean_route_answers_every_batch_as_the_fastapi_route_does(run, app, monkeypatch):
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
+            made = [(await c.post("/v1/sessions", json=OPTIONS, headers=AUTH)).json()
+                    for _ in range(2)]  # fmt: skip
+        sids = (made[0]["session_id"], made[1]["session_id"])
+        index = 0
+        for template, headers in BATCH_BODIES:
+            bodies = [template.replace("{sid}", sid).replace("{i}", str(index)) for sid in sids]
+            fast = await _call(app, sids[0], bodies[0], headers, "/v1/batch/step")
+            with monkeypatch.context() as m:  # the FastAPI route alone
+                m.setattr(lean, "BATCH_PATH", "/nowhere")
+                slow = await _call(app, sids[1], bodies[1], headers, "/v1/batch/step")
+            _same(fast, slow, sids)
+            first = (fast.json().get("results") or [{}])[0] if fast.status_code == 200 else {}
+            index = first.get("reply", {}).get("step_index", index)
+
+    run(main())
+
+
 def test_a_valid_step_skips_fastapis_body_parsing(run, app, monkeypatch):
-    """The lean route is the one that answers a valid step: FastAPI's body reading is not
-    called for it, and is for a body the lean route hands on."""
+    """The lean route is the one that answers a valid step, single or batch: FastAPI's body
+    reading is not called for it, and is for a body the lean route hands on."""
     read = []
     parse = OffloadRequest.json
 
@@ -129,8 +182,14 @@ def test_a_valid_step_skips_fastapis_body_parsing(run, app, monkeypatch):
         ok = await _call(app, sid, '{"step_index": 0, "actions": [{"name": "Up"}]}', {})
         assert ok.status_code == 200 and ok.json()["step_index"] == 1
         assert read == []
-        handed_on = await _call(app, sid, '{"step_index": 1}', {})
+        item = {"session_id": sid, "step_index": 1, "actions": [{"name": "Up"}]}
+        ok = await _call(app, sid, json.dumps({"items": [item]}), {}, "/v1/batch/step")
+        assert ok.json()["results"][0]["reply"]["step_index"] == 2
+        assert read == []
+        handed_on = await _call(app, sid, '{"step_index": 2}', {})
         assert handed_on.json()["error"]["code"] == "INVALID_ARGUMENT"
-        assert read == [f"/v1/sessions/{sid}/step"]
+        handed_on = await _call(app, sid, '{"items": 3}', {}, "/v1/batch/step")
+        assert handed_on.json()["error"]["code"] == "INVALID_ARGUMENT"
+        assert read == [f"/v1/sessions/{sid}/step", "/v1/batch/step"]
 
     run(main())
