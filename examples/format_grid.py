@@ -300,7 +300,39 @@ def table(grid: dict[str, Any]) -> str:
             f"| {_cell(p['sampled'])} | {valid} | {scores[0]} | {scores[1]} "
             f"| {', '.join(f'{x:.0f}' for x in s['seconds'])} |"
         )
+    effect = grid.get("world_model_reward")
+    if effect:
+        lines += [
+            "",
+            f"The world-model reward, paired by seed (`{WORLD_MODEL_ARMS[0]}` − `{WORLD_MODEL_ARMS[1]}`, "
+            f"the same warm-ups; seeds {', '.join(map(str, effect['seeds']))}): + PPO greedy success "
+            f"{_cell(effect['greedy'], signed=True)}; sampled {_cell(effect['sampled'], signed=True)}; "
+            f"observation score {_cell(effect['observation_score'], signed=True)}; prediction score "
+            f"{_cell(effect['prediction_score'], signed=True)}.",
+        ]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def world_model_reward(found: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any] | None:
+    """The reward's effect alone: after PPO, the arm with it minus the arm without, seed by
+    seed (both start from the same warm-up), where both have finished."""
+    on, off = (found.get(arm, {}) for arm in WORLD_MODEL_ARMS)
+    seeds = sorted(set(on) & set(off))
+    if not seeds:
+        return None
+
+    def after(report: dict[str, Any], seed: int, key: str, sub: str | None = None) -> float:
+        ev = report["runs"]["natural"][PPO_ARM][str(seed)]["eval"]
+        return float((ev[sub] if sub else ev)[key])
+
+    out: dict[str, Any] = {"seeds": seeds}
+    for name, key, sub in (("greedy", "success_rate", None), ("sampled", "success_rate", "sampled"),
+                           ("observation_score", "observation_score", None),
+                           ("prediction_score", "prediction_score", None)):  # fmt: skip
+        out[name] = _interval(
+            [after(on[s], s, key, sub) - after(off[s], s, key, sub) for s in seeds]
+        )
+    return out
 
 
 def plot(grid: dict[str, Any], path: Path) -> None:
@@ -346,7 +378,8 @@ def merge(out: Path, budget: str, table_path: Path | None = None,
         return None
     first = next(iter(next(iter(found.values())).values()))
     grid = {"budget": budget, "levels": first["levels"], "baselines": first["baselines"],
-            "arms": {arm: arm_summary(by_seed) for arm, by_seed in found.items()}}  # fmt: skip
+            "arms": {arm: arm_summary(by_seed) for arm, by_seed in found.items()},
+            "world_model_reward": world_model_reward(found)}  # fmt: skip
     text = table(grid)
     (out / "grid.json").write_text(json.dumps(grid, indent=1))
     for path in (out / "grid.md", table_path):

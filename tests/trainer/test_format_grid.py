@@ -87,10 +87,28 @@ def test_merge_pairs_each_seed_with_its_own_warm_up(tmp_path):
     assert s["warm_up_steps"] == [100, 101, 102, 103]
     text = (tmp_path / "grid.md").read_text()
     assert "| `no_think` | 4 of 4 | 100, 101, 102, 103 |" in text
-    assert "1.00 → 0.98 (0.96)" in text  # greedy valid answers, the lowest seed in brackets
+    assert "1.00 → 0.98 (0.96); ≥ 0.95 on 4 of 4" in text  # valid answers, the lowest seed
+    assert grid["world_model_reward"] is None  # no world-model arm yet
     assert (tmp_path / "p.png").stat().st_size > 0
 
     other = _report(0, 0.2, 0.5, 1.0, {"held_out": 100, "held_out_first": 8})
     (tmp_path / "free_think-0.json").write_text(json.dumps(other))
     with pytest.raises(SystemExit, match="other held-out levels"):
         fg.merge(tmp_path, "full", quiet=True)
+
+
+def test_merge_pairs_the_world_model_arms_seed_by_seed(tmp_path):
+    """The reward's effect: the arm with it minus the arm without, on the seeds both have."""
+    levels = {"held_out": 100, "held_out_first": 7}
+    for seed, (on, off) in {0: (0.5, 0.3), 1: (0.4, 0.45), 2: (0.6, 0.5)}.items():
+        for arm, ppo in (("grounding_worldmodeling", on), ("gwm_wm0", off)):
+            report = _report(seed, 0.3, ppo, 0.9 if seed == 1 else 0.97, levels)
+            (tmp_path / f"{arm}-{seed}.json").write_text(json.dumps(report))
+    (tmp_path / "gwm_wm0-2.json").unlink()  # seed 2 without the reward not finished
+    grid = fg.merge(tmp_path, "full", quiet=True)
+    effect = grid["world_model_reward"]
+    assert effect["seeds"] == [0, 1]
+    assert effect["greedy"]["per_seed"] == pytest.approx([0.2, -0.05])
+    text = (tmp_path / "grid.md").read_text()
+    assert "+ PPO greedy success +0.08 [-1.51, +1.66] (+0.20, -0.05)" in text
+    assert "≥ 0.95 on 2 of 3" in text and "≥ 0.95 on 1 of 2" in text  # seed 1: 0.90
