@@ -70,7 +70,9 @@ def test_episodes_spread_over_both_servers(two_servers):
 def test_concurrent_creates_of_one_session_each_spread_over_both_servers(two_servers, transport):
     """Each create asks the servers' session counts, which don't count the creates still in
     flight: eight agent loops creating one session each at once (verl's) all went to the
-    first server. Now they fill both up evenly (the servers may hold other tests' sessions)."""
+    first server. Now both fill up, within two of each other: a create still in flight may
+    already be counted by its server too, so a split of 5/3 happens (the servers may also
+    hold other tests' sessions)."""
     a, b = two_servers
     addresses = [f"http://{s.http}" if transport == "http" else s.grpc for s in (a, b)]
 
@@ -93,7 +95,7 @@ def test_concurrent_creates_of_one_session_each_spread_over_both_servers(two_ser
     placed, after = asyncio.run(main())
     counts = collections.Counter(placed)
     assert len(counts) == 2 and sum(after) == sum(before) + 8, (placed, before, after)
-    assert abs(after[0] - after[1]) <= 1, (placed, before, after)  # 8/0 before the fix
+    assert abs(after[0] - after[1]) <= 2, (placed, before, after)  # 8/0 before the fix
 
 
 def test_concurrency_limit_reuses_sessions(two_servers):
