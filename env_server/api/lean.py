@@ -2,17 +2,18 @@
 answered without FastAPI's routing, dependency solving and per-route exception wrappers.
 
 A step is the call a client makes most (the SDK's HTTP transport steps even one session
-through the batch route), and FastAPI's machinery around the single-session endpoint cost
-about a third of the API process's CPU on it (py-spy, docs/experiments/2026-12-06-one-data-path.md). This pure ASGI
-middleware sits inside the app's own middlewares, so the token, the body-size limit, the
-wait for the service's start and the INTERNAL error for a bug are all theirs, unchanged.
+through the batch route). FastAPI's machinery around the single-session endpoint cost
+about a third of the API process's CPU on it (py-spy; docs/experiments/
+2026-12-06-one-data-path.md). This pure ASGI middleware sits inside the app's own
+middlewares, so the token, the body-size limit, the wait for the service's start and the
+INTERNAL error for a bug are all theirs, unchanged.
 
-It answers only what it can answer exactly as the FastAPI route would: a body that
-parses and validates into the route's own model (`StepBody`, `BatchStep`; a batch's
-items are validated one by one by the service, as behind the route). Anything else (malformed or
+It answers only what it can answer exactly as the FastAPI route would: a body that parses
+and validates into the route's own model (`StepBody`, `BatchStep`; a batch's items are
+validated one by one by the service, as behind the route). Anything else (malformed or
 invalid JSON, a body large enough to be parsed off the event loop, a chunked body) is
-handed, bytes unchanged, to the FastAPI route, whose error is the documented one. The route
-stays registered, so /docs and the OpenAPI schema still describe it.
+handed, bytes unchanged, to the FastAPI route, whose error is the documented one. The
+routes stay registered, so /docs and the OpenAPI schema still describe them.
 """
 
 from __future__ import annotations
