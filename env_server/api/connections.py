@@ -26,6 +26,7 @@ import resource
 import time
 from dataclasses import dataclass
 
+from starlette.types import Message, Receive
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger("visenv.connections")
@@ -154,3 +155,18 @@ class RateLimitedLog(logging.Filter):
         if len(self._kinds) > 10_000:  # templates are few; a flood of distinct ones is not kept
             self._kinds.clear()
         return True
+
+
+def replayed(message: Message, receive: Receive) -> Receive:
+    """`receive` with `message` given first: a request body a middleware has read, handed on
+    to the app as if it had not been."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return message
+        return await receive()
+
+    return replay

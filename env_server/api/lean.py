@@ -30,6 +30,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from env_server.service.models import BatchStep, ServiceError, StepBody
 from env_server.service.protocol import SessionService
 
+from .connections import replayed
+
 STEP_PATH = re.compile(r"/v1/sessions/([^/]+)/step")
 BATCH_PATH = "/v1/batch/step"
 
@@ -59,7 +61,7 @@ class LeanStepMiddleware:
         message = await receive()  # the whole body: TokenSizeMiddleware read and replays it
         body = self._body(message, StepBody if single else BatchStep)
         if body is None:
-            return await self.app(scope, _replay(message, receive), send)
+            return await self.app(scope, replayed(message, receive), send)
         items = [body.item(single[1])] if single else body.items
         try:
             results = await self.service.step(items)
@@ -81,17 +83,3 @@ class LeanStepMiddleware:
         # a JSON or Unicode error (ValueError), nesting too deep for json.loads, invalid
         except (ValueError, RecursionError, pydantic.ValidationError):
             return None
-
-
-def _replay(message: Message, receive: Receive) -> Receive:
-    """`receive` with `message` given back first."""
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return message
-        return await receive()
-
-    return replay

@@ -48,6 +48,7 @@ from visenv import wire
 
 from .compat.common import PREFIX as COMPAT_PREFIX
 from .compat.common import SafeJSONResponse, json_bytes, presented_token
+from .connections import replayed
 from .lean import LeanStepMiddleware
 
 log = logging.getLogger("visenv.rest")
@@ -218,16 +219,8 @@ class TokenSizeMiddleware:
             scope = dict(scope)
             scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
             scope["headers"].append((b"content-type", b"application/json"))
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        whole = {"type": "http.request", "body": body, "more_body": False}
+        await self.app(scope, replayed(whole, receive), send)
 
 
 class StartedMiddleware:
