@@ -82,7 +82,7 @@ def test_concurrent_creates_of_one_session_each_spread_over_both_servers(two_ser
     before = held()
     assert abs(before[0] - before[1]) <= 2, before  # else all eight may rightly go to one
 
-    async def main() -> list[str]:
+    async def main() -> tuple[list[str], list[int]]:
         async with AsyncEnvClient(addresses, transport=transport, token=TOKEN) as client:
             made = await asyncio.gather(
                 *(client.create([SessionOptions("sokoban", seed=i)]) for i in range(8))

@@ -90,31 +90,42 @@ def _same(one: httpx.Response, other: httpx.Response, sids: tuple[str, str]) -> 
     assert mine == theirs
 
 
+async def _sessions(app, n: int) -> list[str]:
+    """`n` new sessions of OPTIONS (twins: the same level)."""
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
+        made = [(await c.post("/v1/sessions", json=OPTIONS, headers=AUTH)).json() for _ in range(n)]
+    assert all(m["observation"] == made[0]["observation"] for m in made)
+    return [m["session_id"] for m in made]
+
+
+async def _both_ways(
+    app, monkeypatch, sids, bodies, headers, path: str = "/v1/sessions/{sid}/step"
+) -> httpx.Response:
+    """`bodies[0]` to `sids[0]` through the lean route, `bodies[1]` to `sids[1]` through the
+    FastAPI routes alone; the answers must match. Returns the lean route's."""
+    fast = await _call(app, sids[0], bodies[0], headers, path)
+    with monkeypatch.context() as m:
+        m.setattr(lean, "STEP_PATH", re.compile(r"(?!)"))
+        m.setattr(lean, "BATCH_PATH", "/nowhere")
+        slow = await _call(app, sids[1], bodies[1], headers, path)
+    _same(fast, slow, tuple(sids))
+    return fast
+
+
 def test_the_lean_route_answers_every_body_as_the_fastapi_route_does(run, app, monkeypatch):
     async def main():
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
-            made = [(await c.post("/v1/sessions", json=OPTIONS, headers=AUTH)).json()
-                    for _ in range(2)]  # fmt: skip
-        sids = (made[0]["session_id"], made[1]["session_id"])
-        assert made[0]["observation"] == made[1]["observation"]
+        sids = await _sessions(app, 2)
         index = 0
         for body, headers in BODIES + [(b, h) for b, h in BODIES if "{i}" in str(b)][:4]:
             if isinstance(body, str):
                 body = body.replace("{i}", str(index))
-            fast = await _call(app, sids[0], body, headers)
-            with monkeypatch.context() as m:  # the FastAPI route alone
-                m.setattr(lean, "STEP_PATH", re.compile(r"(?!)"))
-                slow = await _call(app, sids[1], body, headers)
-            _same(fast, slow, sids)
+            fast = await _both_ways(app, monkeypatch, sids, (body, body), headers)
             if fast.status_code == 200:
                 index = fast.json()["step_index"]
         # unknown sessions, and a session whose path needs decoding
         for sid in ("s-nope", "s%2Fnope"):
-            fast = await _call(app, sid, '{"step_index": 0, "response": "x"}', {})
-            with monkeypatch.context() as m:
-                m.setattr(lean, "STEP_PATH", re.compile(r"(?!)"))
-                slow = await _call(app, sid, '{"step_index": 0, "response": "x"}', {})
-            _same(fast, slow, (sid, sid))
+            body = '{"step_index": 0, "response": "x"}'
+            fast = await _both_ways(app, monkeypatch, (sid, sid), (body, body), {})
             assert fast.json()["error"]["code"] in ("NOT_FOUND", "INVALID_ARGUMENT")
 
     run(main())
@@ -147,18 +158,11 @@ BATCH_BODIES: list[tuple[str | bytes, dict[str, str]]] = [
 
 def test_the_lean_route_answers_every_batch_as_the_fastapi_route_does(run, app, monkeypatch):
     async def main():
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
-            made = [(await c.post("/v1/sessions", json=OPTIONS, headers=AUTH)).json()
-                    for _ in range(2)]  # fmt: skip
-        sids = (made[0]["session_id"], made[1]["session_id"])
+        sids = await _sessions(app, 2)
         index = 0
         for template, headers in BATCH_BODIES:
             bodies = [template.replace("{sid}", sid).replace("{i}", str(index)) for sid in sids]
-            fast = await _call(app, sids[0], bodies[0], headers, "/v1/batch/step")
-            with monkeypatch.context() as m:  # the FastAPI route alone
-                m.setattr(lean, "BATCH_PATH", "/nowhere")
-                slow = await _call(app, sids[1], bodies[1], headers, "/v1/batch/step")
-            _same(fast, slow, sids)
+            fast = await _both_ways(app, monkeypatch, sids, bodies, headers, "/v1/batch/step")
             first = (fast.json().get("results") or [{}])[0] if fast.status_code == 200 else {}
             index = first.get("reply", {}).get("step_index", index)
 
@@ -176,8 +180,7 @@ def test_a_valid_step_skips_fastapis_body_parsing(run, app, monkeypatch):
         return await parse(self)
 
     async def main():
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
-            sid = (await c.post("/v1/sessions", json=OPTIONS, headers=AUTH)).json()["session_id"]
+        (sid,) = await _sessions(app, 1)
         monkeypatch.setattr(OffloadRequest, "json", counted)
         ok = await _call(app, sid, '{"step_index": 0, "actions": [{"name": "Up"}]}', {})
         assert ok.status_code == 200 and ok.json()["step_index"] == 1
