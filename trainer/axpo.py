@@ -84,6 +84,8 @@ def head_of(ep: EpisodeTokens, turn: int, layout: ChatLayout) -> EpisodeTokens:
         input_ids=ep.input_ids[:cut],
         loss_mask=[0] * cut,
         turn_end=ep.turn_end[:cut],
+        skeleton_state=[-1] * cut,
+        skeleton_left=[-1] * cut,
         images=ep.images[: ep.input_ids[:cut].count(vision_start)],
     )
 

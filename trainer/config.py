@@ -80,11 +80,23 @@ class GenerationSection(_Strict):
     max_concurrency: int = Field(16, ge=1, description="openai backend: requests at once")
     timeout: float = Field(120.0, gt=0, description="openai backend: seconds per request")
     retries: int = Field(3, ge=0, description="openai backend: retries on 429/5xx/connection")
+    skeleton: bool = Field(
+        False,
+        description="format guard: constrained decoding of env.format's tag skeleton (its tags "
+        "once each, in order, text in every section, closed within max_new_tokens); the "
+        "policy still chooses every word and the answer, and the update takes log-probs "
+        "under the same mask (trainer/skeleton.py). hf backend only",
+    )
 
     @model_validator(mode="after")
     def _openai_needs_url(self) -> GenerationSection:
         if self.backend == "openai" and not self.base_url:
             raise ValueError("generation.backend 'openai' needs generation.base_url")
+        if self.backend == "openai" and self.skeleton:
+            raise ValueError(
+                "generation.skeleton needs generation.backend 'hf': a server's sampler does "
+                "not keep the mask every token was sampled under"
+            )
         return self
 
 
@@ -274,6 +286,11 @@ class TrainConfig(_Strict):
             raise ValueError(
                 "env.system_prompt=false needs generation.backend 'hf' (the openai backend "
                 "sends the system prompt to the server)"
+            )
+        if self.generation.skeleton and self.ppo.axpo:
+            raise ValueError(
+                "generation.skeleton does not combine with ppo.axpo: AXPO's branches are "
+                "sampled from a fixed prefix without the skeleton's mask"
             )
         return self
 

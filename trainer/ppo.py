@@ -60,6 +60,7 @@ from .groups import filter_groups
 from .levels import selected_seeds
 from .model import Critic, build_tiny_qwen, hidden_size_of, load_policy
 from .rollout import collect, policy_factory
+from .skeleton import Skeleton
 from .trajectory import Batch, ChatLayout, EpisodeTokens, collate, policy_forward
 
 __all__ = ["TrainResult", "latest_checkpoint", "ppo_losses", "train"]
@@ -148,6 +149,7 @@ class Models:
     critic: Critic | None  # None when the estimator needs no critic (GRPO)
     layout: ChatLayout
     image_token_id: int
+    skeleton: Skeleton | None = None  # generation.skeleton: the mask responses are sampled under
 
     def trained(self) -> dict[str, nn.Module]:
         """The models the optimisers step (and checkpoints hold), by name."""
@@ -191,7 +193,12 @@ def build_models(cfg: TrainConfig, device: torch.device, rank: int) -> Models:
             critic = Critic(hidden_size_of(backbone), backbone=backbone.model)
         critic.to(device)
     image_token_id = processing.tokenizer.convert_tokens_to_ids(processing.image_token)
-    return Models(actor, reference, critic, layout, image_token_id)
+    skeleton = None
+    if cfg.generation.skeleton:
+        skeleton = Skeleton(processing.tokenizer, cfg.env.format, layout.im_end_id,
+                            vocab_size=unwrap(actor).get_output_embeddings().weight.shape[0])  # fmt: skip
+        skeleton.check_budget(cfg.generation.max_new_tokens)
+    return Models(actor, reference, critic, layout, image_token_id, skeleton)
 
 
 def forward(
@@ -201,9 +208,9 @@ def forward(
     values[t] = V(tokens before t), see `Critic`."""
     critic = unwrap(models.critic) if models.critic is not None else None
     shared = critic is not None and critic.backbone is None
-    logp, entropy, hidden = policy_forward(
-        models.actor, batch, temperature, want_hidden=shared, suppressed=models.layout.suppressed
-    )
+    logp, entropy, hidden = policy_forward(models.actor, batch, temperature, want_hidden=shared,
+                                           suppressed=models.layout.suppressed,
+                                           skeleton=models.skeleton)  # fmt: skip
     values = None
     if shared:
         values = models.critic(hidden=hidden.detach())  # a head on the policy's features
@@ -215,11 +222,11 @@ def forward(
 @torch.no_grad()
 def reference_logprobs(models: Models, batch: Batch, temperature: float) -> torch.Tensor:
     model = models.reference if models.reference is not None else models.actor
-    suppressed = models.layout.suppressed
+    rule = {"suppressed": models.layout.suppressed, "skeleton": models.skeleton}
     if models.reference is not None:
-        return policy_forward(model, batch, temperature, suppressed=suppressed)[0]
+        return policy_forward(model, batch, temperature, **rule)[0]
     with unwrap(models.actor).disable_adapter():
-        return policy_forward(model, batch, temperature, suppressed=suppressed)[0]
+        return policy_forward(model, batch, temperature, **rule)[0]
 
 
 # ----------------------------------------------------------------------------- levels
@@ -512,7 +519,9 @@ def train(cfg: TrainConfig) -> TrainResult:
     client = EnvClient(
         cfg.env.servers, transport=cfg.env.transport, token=cfg.env.token, timeout=cfg.env.timeout
     )
-    make_policy = policy_factory(gen, unwrap(models.actor), models.layout, device, cfg.model.path)
+    make_policy = policy_factory(
+        gen, unwrap(models.actor), models.layout, device, cfg.model.path, models.skeleton
+    )
     episode_options = dict(
         config=cfg.env.config,
         format=cfg.env.format,

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import LogitsProcessor
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from clients import EnvClient
@@ -33,6 +34,7 @@ from clients.openai_policy import OpenAIPolicy
 from clients.rollout import PolicyInput, Trajectory
 
 from .config import GenerationSection
+from .skeleton import Skeleton, removed_mass
 from .trajectory import ChatLayout, EpisodeTokens, action_log_softmax, collate
 
 log = logging.getLogger(__name__)
@@ -173,7 +175,14 @@ class HFPolicy:
     sampled token's log-prob is kept (`logprobs`, per episode and turn) under the
     distribution the update uses (`trajectory.action_log_softmax`: temperature, special
     tokens removed). Episodes with images go through `model.generate` in batches of
-    `batch_size`, with the same tokens suppressed."""
+    `batch_size`, with the same tokens suppressed.
+
+    With a `skeleton` (the format guard `generation.skeleton`), both ways sample under its
+    mask, and each token keeps the automaton's state and the tokens left (for the
+    update's log-probs). `unguarded[episode]` holds, per turn, the chance that the
+    policy without the mask would have left the skeleton on that turn's path: greedy,
+    1.0 if the mask overrode an argmax; sampling, 1 - prod(1 - mass removed) over the
+    turn's tokens (the text path only; the image path records nothing)."""
 
     def __init__(
         self,
@@ -186,6 +195,7 @@ class HFPolicy:
         device: torch.device | str = "cpu",
         greedy: bool = False,
         kv_cache: bool = True,
+        skeleton: Skeleton | None = None,
     ) -> None:
         self.model = model
         self.layout = layout
@@ -199,6 +209,9 @@ class HFPolicy:
         self.image_token_id = layout.tok.convert_tokens_to_ids(layout.p.image_token)
         self.suppressed = layout.suppressed
         self.cache = TurnCache(model) if kv_cache else None
+        self.skeleton = skeleton
+        self.unguarded: dict[int, list[float]] = {}
+        self._decoded: list[list[tuple[int, int]]] = []  # per row: (state, left) per token
 
     def __call__(self, batch: list[PolicyInput]) -> list[str]:
         eps = []
@@ -213,11 +226,13 @@ class HFPolicy:
         if self.cache is not None and not any(ep.images for ep in eps):
             generated = self.generate_cached([inp.episode for inp in batch], eps)
         else:
-            generated = [ids for start in range(0, len(eps), self.batch_size)
-                         for ids in self.generate(eps[start : start + self.batch_size])]  # fmt: skip
+            generated, self._decoded = [], []
+            for start in range(0, len(eps), self.batch_size):
+                generated += self.generate(eps[start : start + self.batch_size])
         texts: list[str] = []
-        for ep, ids in zip(eps, generated, strict=True):
-            self.layout.response(ep, ids)
+        decoded = self._decoded if self.skeleton is not None else [None] * len(eps)
+        for ep, ids, skeleton in zip(eps, generated, decoded, strict=True):
+            self.layout.response(ep, ids, skeleton)
             texts.append(self.layout.tok.decode(ids, skip_special_tokens=True))
         return texts
 
@@ -242,8 +257,20 @@ class HFPolicy:
         out: list[list[int]] = [[] for _ in keys]
         logps: list[list[float]] = [[] for _ in keys]
         answering = torch.ones(len(keys), dtype=torch.bool, device=self.device)
+        guard = self.skeleton
+        if guard is not None:
+            state = torch.full((len(keys),), guard.start, device=self.device)
+            kept: list[float] = [1.0] * len(keys)  # chance the unmasked policy kept the skeleton
+            self._decoded = [[] for _ in keys]
         for step in range(self.max_new_tokens):
-            logp = action_log_softmax(logits, self.temperature, self.suppressed)
+            allowed = None
+            if guard is not None:
+                left = torch.full_like(state, self.max_new_tokens - step)
+                allowed = guard.allowed(state, left)
+                free = action_log_softmax(logits, self.temperature, self.suppressed)
+                lost = (~allowed.gather(1, free.argmax(-1, keepdim=True)).squeeze(1)).float()
+                lost = lost if self.greedy else removed_mass(free, allowed)
+            logp = action_log_softmax(logits, self.temperature, self.suppressed, allowed)
             if self.greedy:
                 token = logp.argmax(-1)
             else:
@@ -252,6 +279,11 @@ class HFPolicy:
             for row in answering.nonzero().flatten().tolist():
                 out[row].append(int(token[row]))
                 logps[row].append(float(chosen[row]))
+                if guard is not None:
+                    self._decoded[row].append((int(state[row]), self.max_new_tokens - step))
+                    kept[row] *= 1.0 - float(lost[row])
+            if guard is not None:
+                state = guard.advance(state, token)
             answering &= token != end
             if step + 1 == self.max_new_tokens or not answering.any():
                 break
@@ -260,6 +292,9 @@ class HFPolicy:
                                    answering.long()[:, None])  # fmt: skip
         for key, row in zip(keys, logps, strict=True):
             self.logprobs.setdefault(key, []).append(row)
+        if guard is not None:
+            for key, k in zip(keys, kept, strict=True):
+                self.unguarded.setdefault(key, []).append(1.0 - k)
         return out
 
     @torch.no_grad()
@@ -272,6 +307,10 @@ class HFPolicy:
             if self.greedy
             else {"do_sample": True, "temperature": self.temperature, "top_k": 0, "top_p": 1.0}
         )
+        mask = None
+        if self.skeleton is not None:
+            mask = _SkeletonMask(self.skeleton, batch.size, self.max_new_tokens)
+            sampling["logits_processor"] = [mask]
         out = self.model.generate(
             **batch.model_inputs(),
             max_new_tokens=self.max_new_tokens,
@@ -282,11 +321,33 @@ class HFPolicy:
         )
         prompt_len = batch.input_ids.shape[1]
         results = []
-        for row in out[:, prompt_len:].tolist():
+        for i, row in enumerate(out[:, prompt_len:].tolist()):
             if self.layout.im_end_id in row:
                 row = row[: row.index(self.layout.im_end_id) + 1]
             results.append(row)
+            if mask is not None:
+                self._decoded.append([(int(mask.states[k][i]), self.max_new_tokens - k)
+                                      for k in range(len(row))])  # fmt: skip
         return results
+
+
+class _SkeletonMask(LogitsProcessor):
+    """The skeleton's mask inside `model.generate` (the image path): each call reads the
+    token the last one chose, moves every row's automaton on and masks the next scores;
+    `states[k]` keeps every row's state at step k."""
+
+    def __init__(self, skeleton: Skeleton, rows: int, budget: int) -> None:
+        self.skeleton, self.budget, self.rows = skeleton, budget, rows
+        self.states: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.states:
+            state = self.skeleton.advance(self.states[-1], input_ids[:, -1])
+        else:
+            state = torch.full((self.rows,), self.skeleton.start, device=scores.device)
+        self.states.append(state)
+        left = torch.full_like(state, self.budget - len(self.states) + 1)
+        return scores.masked_fill(~self.skeleton.allowed(state, left), float("-inf"))
 
 
 class ServerPolicy:
@@ -330,8 +391,10 @@ def policy_factory(
     layout: ChatLayout,
     device: torch.device | str,
     served_model: str,
+    skeleton: Skeleton | None = None,
 ) -> Callable[[], HFPolicy | ServerPolicy]:
-    """What makes a fresh rollout policy for `collect`, by `generation.backend`."""
+    """What makes a fresh rollout policy for `collect`, by `generation.backend`
+    (`skeleton`: the format guard's constrained decoding, hf only)."""
     if gen.backend == "hf":
         return lambda: HFPolicy(
             model,
@@ -340,7 +403,10 @@ def policy_factory(
             max_new_tokens=gen.max_new_tokens,
             batch_size=gen.batch_size,
             device=device,
+            skeleton=skeleton,
         )
+    if skeleton is not None:
+        raise ValueError("generation.skeleton needs generation.backend 'hf'")
     assert gen.base_url is not None  # checked by the config
     server = OpenAIPolicy(
         gen.base_url,
@@ -446,9 +512,11 @@ def collect(
         failed = []
         for traj in trajs:
             if traj.ok:
-                done_eps.append(
-                    attach_rewards(policy.episodes[traj.episode], traj, invalid_penalty)
-                )
+                ep = attach_rewards(policy.episodes[traj.episode], traj, invalid_penalty)
+                unguarded = getattr(policy, "unguarded", {}).get(traj.episode)
+                if unguarded:  # the format guard's constrained decoding: what it overrode
+                    ep.info["unguarded_break"] = sum(unguarded) / len(unguarded)
+                done_eps.append(ep)
                 done_trajs.append(traj)
             elif traj.retryable:
                 log.warning("episode seed %d lost: %s", traj.seed, traj.error)

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .model import Processing
+from .skeleton import Skeleton
 
 
 @dataclass
@@ -34,16 +35,25 @@ class EpisodeTokens:
     input_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     turn_end: list[int] = field(default_factory=list)
+    # constrained decoding (`skeleton.Skeleton`): per token, the automaton's state it was
+    # sampled in and the tokens its response had left then; -1 for every other token
+    skeleton_state: list[int] = field(default_factory=list)
+    skeleton_left: list[int] = field(default_factory=list)
     # per image, in order: (pixel_values (patches, dim), grid_thw (3,))
     images: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     # filled once the episode is over
     turn_rewards: list[float] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
 
-    def extend(self, ids: list[int], agent: bool = False) -> None:
+    def extend(
+        self, ids: list[int], agent: bool = False, skeleton: list[tuple[int, int]] | None = None
+    ) -> None:
         self.input_ids += ids
         self.loss_mask += [1 if agent else 0] * len(ids)
         self.turn_end += [0] * len(ids)
+        pairs = skeleton or [(-1, -1)] * len(ids)
+        self.skeleton_state += [s for s, _ in pairs]
+        self.skeleton_left += [n for _, n in pairs]
 
     @property
     def n_turns(self) -> int:
@@ -122,12 +132,15 @@ class ChatLayout:
         parts.append("<|im_end|>\n<|im_start|>assistant\n")
         ep.extend(self._ids("".join(parts)))
 
-    def response(self, ep: EpisodeTokens, generated: list[int]) -> None:
+    def response(
+        self, ep: EpisodeTokens, generated: list[int], skeleton: list[tuple[int, int]] | None = None
+    ) -> None:
         """The agent's generated tokens (loss mask 1, the last one its turn end), then
-        the scaffolding that closes the message (an <|im_end|> only if it was cut off)."""
+        the scaffolding that closes the message (an <|im_end|> only if it was cut off).
+        `skeleton`: each token's (state, tokens left) under constrained decoding."""
         if not generated:
             generated = [self.im_end_id]  # an empty answer still ends its turn
-        ep.extend(generated, agent=True)
+        ep.extend(generated, agent=True, skeleton=skeleton)
         ep.turn_end[-1] = 1
         tail = ([] if generated[-1] == self.im_end_id else [self.im_end_id]) + self.newline
         ep.extend(tail)
@@ -145,6 +158,9 @@ class Batch:
     pixel_values: torch.Tensor | None
     image_grid_thw: torch.Tensor | None
     image_token_id: int
+    # constrained decoding: each token's automaton state and tokens left (-1: none)
+    skeleton_state: torch.Tensor | None = None
+    skeleton_left: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -199,7 +215,11 @@ def collate(
     images = [im for e in episodes for im in e.images]
     pixels = torch.cat([p for p, _ in images]) if images else None
     grids = torch.stack([g for _, g in images]) if images else None
-    return Batch(ids, attn, loss, ends, rewards, pixels, grids, image_token_id)
+    state = left = None
+    if any(s >= 0 for e in episodes for s in e.skeleton_state):
+        state = pad([e.skeleton_state for e in episodes], -1, torch.long)
+        left = pad([e.skeleton_left for e in episodes], -1, torch.long)
+    return Batch(ids, attn, loss, ends, rewards, pixels, grids, image_token_id, state, left)
 
 
 # a finite stand-in for -inf: exp() of it is exactly 0 in float32, and unlike -inf it
@@ -208,15 +228,21 @@ _REMOVED = -1e9
 
 
 def action_log_softmax(
-    logits: torch.Tensor, temperature: float, suppressed: Sequence[int] = ()
+    logits: torch.Tensor,
+    temperature: float,
+    suppressed: Sequence[int] = (),
+    allowed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """log pi over the vocabulary, exactly as sampled from: the logits divided by the
-    temperature, with the `suppressed` token ids removed (probability 0). The sampler
-    (`rollout.KVCachePolicy`) and the update (`token_logprobs_and_entropy`) both use it."""
+    temperature, with the `suppressed` token ids removed (probability 0), and under
+    constrained decoding every token `allowed` (bool, logits' shape) is False for. The
+    sampler (`rollout.HFPolicy`) and the update (`token_logprobs_and_entropy`) both use it."""
     logits = logits.float() / temperature
     if len(suppressed):
         index = torch.as_tensor(suppressed, device=logits.device)
         logits = logits.index_fill(-1, index, _REMOVED)
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, _REMOVED)
     return F.log_softmax(logits, dim=-1)
 
 
@@ -225,11 +251,13 @@ def token_logprobs_and_entropy(
     input_ids: torch.Tensor,
     temperature: float,
     suppressed: Sequence[int] = (),
+    allowed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probability of each token under the logits of the position before it, and the
     entropy there; position 0 (never an action token) gets 0. The distribution is the
-    one sampled from (`action_log_softmax`: temperature, suppressed tokens removed)."""
-    logp_all = action_log_softmax(logits[:, :-1], temperature, suppressed)
+    one sampled from (`action_log_softmax`: temperature, suppressed tokens removed, and
+    under constrained decoding only the tokens `allowed[:, t]` for token t + 1)."""
+    logp_all = action_log_softmax(logits[:, :-1], temperature, suppressed, allowed)
     logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     zero = torch.zeros_like(logp[:, :1])
@@ -242,10 +270,19 @@ def policy_forward(
     temperature: float,
     want_hidden: bool = False,
     suppressed: Sequence[int] = (),
+    skeleton: Skeleton | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(token log-probs, entropies, last hidden state or None) for a batch of episodes;
-    `suppressed`: the token ids sampling never gives (`ChatLayout.suppressed`)."""
+    `suppressed`: the token ids sampling never gives (`ChatLayout.suppressed`);
+    `skeleton`: the constrained decoding the batch's responses were sampled under (each
+    token's log-prob is then taken under the mask it was sampled with)."""
     out = model(**batch.model_inputs(), use_cache=False, output_hidden_states=want_hidden)
-    logp, entropy = token_logprobs_and_entropy(out.logits, batch.input_ids, temperature, suppressed)
+    allowed = None
+    if skeleton is not None and batch.skeleton_state is not None:
+        assert batch.skeleton_left is not None
+        allowed = skeleton.allowed(batch.skeleton_state[:, 1:], batch.skeleton_left[:, 1:])
+    logp, entropy = token_logprobs_and_entropy(
+        out.logits, batch.input_ids, temperature, suppressed, allowed
+    )
     hidden = out.hidden_states[-1] if want_hidden else None
     return logp, entropy, hidden
