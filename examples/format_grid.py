@@ -8,6 +8,10 @@
         --table docs/experiments/format_grid.md --plot docs/experiments/format_grid.png
     # the pilot: every arm once, a tiny budget, one seed (proves the script, not a result)
     nice -n 19 .venv/bin/python examples/format_grid.py --budget pilot --out runs/format-pilot
+    # round two: the same grid under the skeleton guard, every arm from the first
+    # grid's warm-up of its seed (so the two grids differ by the guard alone)
+    nice -n 19 .venv/bin/python examples/format_grid.py --guard skeleton \
+        --warm-ups runs/format-grid --out runs/format-grid-skeleton --jobs 2
 
 Each job is one `examples/learn_frozenlake.py` process: one arm, one training seed, its
 warm-up, PPO (bi_level) and the greedy and sampled evaluation of both on the held-out
@@ -34,6 +38,14 @@ file is done. Fixed here, before any PPO number of the grid exists:
   episodes, bi_level, lr 1e-3, KL k3 as a loss at 0.1, clip 0.1, StarPO-S half of the
   groups of 4, 2 epochs; the format guard `--invalid-penalty 2` (ppo.invalid_answer_penalty)
   in every arm.
+
+Round two (`--guard skeleton`, fixed 2026-12-06 before any of its numbers existed; the
+first grid's guard missed 0.95 on one seed of 16): the same arms, seeds, levels, budget
+and penalty, plus constrained decoding of each format's tag skeleton
+(`generation.skeleton`, trainer/skeleton.py) in PPO and in every evaluation; each
+evaluation also plays greedily without the mask ("unguarded"). Every arm starts from the
+first grid's warm-up of its seed (`--warm-ups`), so each (arm, seed) pairs with the
+first grid's.
 """
 
 from __future__ import annotations
@@ -77,7 +89,10 @@ ARMS: dict[str, dict[str, Any]] = {  # flags of each arm; `warm_up_from`: whose 
 }
 WORLD_MODEL_ARMS = ("grounding_worldmodeling", "gwm_wm0")
 PPO_ARM = "bi_level"
-GUARD = ["--invalid-penalty", "2"]  # the format guard, every arm
+GUARDS = {  # the format guard, every arm
+    "penalty": ["--invalid-penalty", "2"],  # the first grid (2026-12-06)
+    "skeleton": ["--invalid-penalty", "2", "--skeleton"],  # round two: tags decoded constrained
+}
 GUARD_HOLDS = 0.95  # the issue's bar: greedy valid answers after PPO, on every seed
 TASK = ["--variants", "natural", "--max-turns", "6", "--per-turn", "1", "--p", "0.9",
         "--hidden", "64", "--layers", "2", "--warm-up-policy", "oracle", "--no-system-prompt",
@@ -104,6 +119,8 @@ class Job:
     arm: str
     seed: int
     out: Path  # the grid's folder
+    guard: str = "penalty"  # an entry of GUARDS
+    warm_ups: Path | None = None  # a finished grid whose warm-ups every arm starts from
 
     @property
     def name(self) -> str:
@@ -115,26 +132,45 @@ class Job:
 
     @property
     def after(self) -> Job | None:
-        """The job whose warm-up this one starts from, if any."""
+        """The job of this grid whose warm-up this one starts from, if any."""
         source = ARMS[self.arm].get("warm_up_from")
-        return Job(source, self.seed, self.out) if source else None
+        if source is None or self.warm_ups is not None:
+            return None
+        return Job(source, self.seed, self.out, self.guard)
+
+    def warm_up(self) -> Path | None:
+        """The warm-up this job loads instead of building its own, if any."""
+        source = ARMS[self.arm].get("warm_up_from")
+        if self.warm_ups is not None:
+            arm = source or self.arm
+            return self.warm_ups / f"{arm}-{self.seed}" / f"natural-{self.seed}" / "warm"
+        if source is not None:
+            return self.out / f"{source}-{self.seed}" / f"natural-{self.seed}" / "warm"
+        return None
 
     def command(self, budget: str) -> list[str]:
         b = BUDGETS[budget]
-        cmd = [sys.executable, str(Path(lf.__file__)), *TASK, *WARM_UP_RULE, *PPO, *GUARD,
-               "--split-seeds", *map(str, SEEDS), *b["flags"], *ARMS[self.arm]["flags"],
-               "--seeds", str(self.seed), "--out", str(self.out / self.name),
+        cmd = [sys.executable, str(Path(lf.__file__)), *TASK, *WARM_UP_RULE, *PPO,
+               *GUARDS[self.guard], "--split-seeds", *map(str, SEEDS), *b["flags"],
+               *ARMS[self.arm]["flags"], "--seeds", str(self.seed),
+               "--out", str(self.out / self.name),
                "--json", str(self.out / f"{self.name}.partial.json")]  # fmt: skip
-        if self.after is not None:
-            source = self.out / self.after.name / f"natural-{self.seed}" / "warm"
+        source = self.warm_up()
+        if source is not None:
             cmd += ["--warm-up", str(source)]
         return cmd
 
 
-def jobs(budget: str, out: Path) -> list[Job]:
+def jobs(budget: str, out: Path, guard: str = "penalty", warm_ups: Path | None = None) -> list[Job]:
     """Seed by seed, every arm of a seed before the next seed: a grid cut short holds
     whole seeds (every arm), and a job's warm-up source always comes before it."""
-    return [Job(arm, seed, out) for seed in BUDGETS[budget]["seeds"] for arm in ARMS]
+    seeds = BUDGETS[budget]["seeds"]
+    found = [Job(arm, seed, out, guard, warm_ups) for seed in seeds for arm in ARMS]
+    missing = [str(w) for j in found if (w := j.warm_up()) is not None and warm_ups is not None
+               and not (w / "config.json").exists()]  # fmt: skip
+    if missing:
+        raise SystemExit(f"--warm-ups: no warm-up at {', '.join(missing)}")
+    return found
 
 
 def finished(report: dict[str, Any], seed: int) -> bool:
@@ -254,6 +290,11 @@ def arm_summary(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
     # the check the rule stopped at (or the cap); none for a warm-up loaded from another arm
     out["warm_up_steps"] = [w["warmup_validation"][-1]["step"] if w.get("warmup_validation")
                             else None for w in warm]  # fmt: skip
+    if all("unguarded" in x["eval"] for x in warm + ppo):  # the skeleton guard's round
+        for name, rows in (("warm_up", warm), ("ppo", ppo)):
+            out[name]["unguarded_greedy"] = _interval(of(rows, "success_rate", "unguarded"))
+            out[name]["unguarded_valid"] = _interval(of(rows, "valid_answer_rate", "unguarded"))
+            out[name]["overrode"] = _interval(of(rows, "skeleton_overrode"))
     out["seconds"] = [by_seed[s]["seconds"] for s in seeds]
     out["train_valid"] = [x["train_valid"] for x in ppo]
     out["train_success"] = [x["train_success"] for x in ppo]
@@ -293,13 +334,30 @@ def table(grid: dict[str, Any]) -> str:
         scores = [f"{w[k]['mean']:.2f} → {p[k]['mean']:.2f}" if w[k] and p[k] else ""
                   for k in ("observation_score", "prediction_score")]  # fmt: skip
         source = ARMS[arm].get("warm_up_from")
-        steps = f"`{source}`'s" if source else ", ".join(str(x) for x in s["warm_up_steps"])
+        steps = (f"`{source}`'s" if source else ", ".join(str(x) for x in s["warm_up_steps"])
+                 if any(x is not None for x in s["warm_up_steps"]) else "given (`--warm-ups`)")  # fmt: skip
         lines.append(
             f"| `{arm}` | {len(s['seeds'])} of {n} | {steps} | {_cell(w['greedy'])} "
             f"| {_cell(p['greedy'])} | {_cell(s['paired_gain'], signed=True)} "
             f"| {_cell(p['sampled'])} | {valid} | {scores[0]} | {scores[1]} "
             f"| {', '.join(f'{x:.0f}' for x in s['seconds'])} |"
         )
+    guarded = {arm: s for arm, s in grid["arms"].items() if "overrode" in s["ppo"]}
+    if guarded:
+        lines += [
+            "",
+            "Under the skeleton guard, what the policy writes without it (greedy, the same "
+            "levels) and how often the mask changed a greedy answer: warm-up → PPO.",
+            "",
+            "| arm | unguarded greedy success | unguarded greedy valid answers "
+            "| greedy turns the mask changed |",
+            "|---|---|---|---|",
+        ]
+        for arm, s in guarded.items():
+            w, p = s["warm_up"], s["ppo"]
+            lines.append(" | ".join([f"| `{arm}`"] + [
+                f"{w[k]['mean']:.2f} → {_cell(p[k])}"
+                for k in ("unguarded_greedy", "unguarded_valid", "overrode")]) + " |")  # fmt: skip
     effect = grid.get("world_model_reward")
     if effect:
         lines += [
@@ -397,6 +455,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("runs/format-grid"))
     ap.add_argument("--budget", choices=list(BUDGETS), default="full")
+    ap.add_argument("--guard", choices=list(GUARDS), default="penalty",
+                    help="the format guard of every arm: penalty (the first grid), skeleton "
+                    "(round two: plus constrained decoding of the tags)")  # fmt: skip
+    ap.add_argument("--warm-ups", type=Path, default=None,
+                    help="a finished grid: every arm starts from its warm-up of the seed "
+                    "(gwm_wm0 from grounding_worldmodeling's) instead of building one")  # fmt: skip
     ap.add_argument("--jobs", type=int, default=1,
                     help="processes at once (each holds one core: on 2 cores shared with a "
                     "test suite, 1)")  # fmt: skip
@@ -407,7 +471,8 @@ def main() -> None:
     args = ap.parse_args()
     failed: list[str] = []
     if not args.merge_only:
-        failed = run_queue(jobs(args.budget, args.out), args.budget, args.jobs, args.nice)
+        todo = jobs(args.budget, args.out, args.guard, args.warm_ups)
+        failed = run_queue(todo, args.budget, args.jobs, args.nice)
     merge(args.out, args.budget, args.table, args.plot)
     if failed:
         raise SystemExit(f"failed: {', '.join(failed)}")

@@ -103,6 +103,7 @@ from trainer.config import load_config
 from trainer.model import build_tiny_qwen, load_policy, save_policy
 from trainer.ppo import train
 from trainer.rollout import HFPolicy, attach_rewards
+from trainer.skeleton import Skeleton
 from trainer.trajectory import ChatLayout, EpisodeTokens, collate, policy_forward
 
 ENV = "frozenlake"
@@ -420,22 +421,45 @@ def play(client: EnvClient, policy, seeds: list[int], variant: str) -> dict[str,
     return summary(trajs)
 
 
-def greedy_play(client, model, layout, seeds, variant, max_new_tokens) -> dict[str, Any]:
+def skeleton_of(model, layout: ChatLayout) -> Skeleton:
+    """The format guard --skeleton: constrained decoding of FORMAT's tags."""
+    width = model.get_output_embeddings().weight.shape[0]
+    return Skeleton(layout.tok, FORMAT, layout.im_end_id, vocab_size=width)
+
+
+def overridden(policy: HFPolicy) -> float:
+    """The mean, over every turn played, of what the skeleton's mask overrode (greedy: the
+    share of turns it changed; sampled: the chance the unguarded policy left the layout)."""
+    turns = [x for per_turn in policy.unguarded.values() for x in per_turn]
+    return float(np.mean(turns)) if turns else 0.0
+
+
+def greedy_play(client, model, layout, seeds, variant, max_new_tokens,
+                skeleton: Skeleton | None = None) -> dict[str, Any]:  # fmt: skip
     model.eval()
     policy = HFPolicy(model, layout, temperature=1.0, max_new_tokens=max_new_tokens,
-                      batch_size=64, greedy=True)  # fmt: skip
-    return play(client, policy, seeds, variant)
+                      batch_size=64, greedy=True, skeleton=skeleton)  # fmt: skip
+    out = play(client, policy, seeds, variant)
+    return out | ({"skeleton_overrode": overridden(policy)} if skeleton is not None else {})
 
 
-def evaluate_model(client, model, layout, seeds, variant, max_new_tokens) -> dict[str, Any]:
+def evaluate_model(client, model, layout, seeds, variant, max_new_tokens,
+                   skeleton: Skeleton | None = None) -> dict[str, Any]:  # fmt: skip
     """Greedy play on the levels, and the success of one sampled try per level (T=1,
-    seeded) under "sampled"."""
-    out = greedy_play(client, model, layout, seeds, variant, max_new_tokens)
+    seeded) under "sampled". With the format guard's `skeleton`, both decode under it,
+    and "unguarded" is the same model's greedy play without it: what the policy itself
+    writes."""
+    out = greedy_play(client, model, layout, seeds, variant, max_new_tokens, skeleton)
     torch.manual_seed(12345)
     sampler = HFPolicy(model, layout, temperature=1.0, max_new_tokens=max_new_tokens,
-                       batch_size=64)  # fmt: skip
+                       batch_size=64, skeleton=skeleton)  # fmt: skip
     sampled = play(client, sampler, seeds, variant)
-    return out | {"sampled": {k: sampled[k] for k in ("success_rate", "valid_answer_rate")}}
+    out["sampled"] = {k: sampled[k] for k in ("success_rate", "valid_answer_rate")}
+    if skeleton is not None:
+        out["sampled"]["skeleton_overrode"] = overridden(sampler)
+        free = greedy_play(client, model, layout, seeds, variant, max_new_tokens)
+        out["unguarded"] = {k: free[k] for k in ("success_rate", "valid_answer_rate")}
+    return out
 
 
 # ----------------------------------------------------------------------------- warm-up
@@ -630,6 +654,11 @@ def main() -> None:
     ap.add_argument("--invalid-penalty", type=float, default=0.0,
                     help="the format guard: ppo.invalid_answer_penalty, taken off the reward "
                     "of every invalid answer in PPO (the episode goes on)")  # fmt: skip
+    ap.add_argument("--skeleton", action="store_true",
+                    help="the format guard generation.skeleton: PPO samples under constrained "
+                    "decoding of the format's tags, and every model is evaluated under it "
+                    "(its greedy play without it is reported as 'unguarded'); the warm-up's "
+                    "own checks play without it")  # fmt: skip
     ap.add_argument("--wm-weight", type=float, default=None,
                     help="the world-model reward's weight (the session's reasoning beta_s and "
                     "beta_w, server side; default the server's 0.5): 0 keeps the "
@@ -829,8 +858,10 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
                  "demo_answer_tokens": {"mean": float(np.mean(lengths)), "max": max(lengths)}}  # fmt: skip
         if checks:
             extra["warmup_validation"] = checks
+    skeleton = skeleton_of(model, layout) if args.skeleton else None
     runs.setdefault("warm-up", {})[str(seed)] = {
-        "eval": evaluate_model(client, model, layout, eval_seeds, variant, args.max_new_tokens),
+        "eval": evaluate_model(client, model, layout, eval_seeds, variant, args.max_new_tokens,
+                               skeleton),
         "seconds": time.time() - t0, **extra,
     }  # fmt: skip
     print(variant, seed, "warm-up:", runs["warm-up"][str(seed)]["eval"], flush=True)
@@ -854,6 +885,7 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
             f"ppo.kl_estimator={args.kl_estimator}", f"ppo.clip={args.clip}",
             f"ppo.filter_ratio={args.filter_ratio}",
             f"ppo.invalid_answer_penalty={args.invalid_penalty}",
+            f"generation.skeleton={args.skeleton}",
             *([f"ppo.kl_mode={args.kl_mode}"] if args.kl_mode else []),
             "run.save_every=1000", "run.threads=1",
             f"run.out_dir='{out / arm}'", f"run.seed={seed}", "run.progress=false",
@@ -862,10 +894,17 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
         result = train(cfg)
         actor = result.models.actor
         runs.setdefault(arm, {})[str(seed)] = {
-            "eval": evaluate_model(client, actor, layout, eval_seeds, variant, args.max_new_tokens),
+            "eval": evaluate_model(
+                client, actor, layout, eval_seeds, variant, args.max_new_tokens, skeleton
+            ),
             "train_success": [m.get("success") for m in result.history],
             "train_valid": [m.get("action_valid") for m in result.history],
             "approx_kl": [m.get("approx_kl") for m in result.history],
+            **(
+                {"train_skeleton_overrode": [m.get("unguarded_break") for m in result.history]}
+                if args.skeleton
+                else {}
+            ),  # fmt: skip
             "episodes_per_second": sum(m["episodes"] for m in result.history)
             / sum(m["rollout_seconds"] for m in result.history),
             "training_episodes_per_second": sum(m["episodes"] for m in result.history)
@@ -918,6 +957,7 @@ def reevaluate(args) -> None:
                 folder = Path(args.out) / f"{variant}-{seed}"
                 model, processing = load_policy(folder / "warm")
                 layout = ChatLayout(processing, system_prompt=not args.no_system_prompt)
+                skeleton = skeleton_of(model, layout) if args.skeleton else None
                 found = {"warm-up": None} | {
                     arm: sorted((folder / arm / "checkpoints").glob("iter-*.pt"))[-1]
                     for arm in arms
@@ -927,7 +967,7 @@ def reevaluate(args) -> None:
                         model.load_state_dict(torch.load(ckpt, weights_only=False)["actor"])
                     report["runs"].setdefault(variant, {}).setdefault(arm, {})[str(seed)] = {
                         "eval": evaluate_model(client, model, layout, eval_seeds, variant,
-                                               args.max_new_tokens)}  # fmt: skip
+                                               args.max_new_tokens, skeleton)}  # fmt: skip
                     print(variant, seed, arm, report["runs"][variant][arm][str(seed)], flush=True)
                     if args.json:
                         Path(args.json).write_text(json.dumps(report, indent=1))

@@ -21,7 +21,7 @@ def test_every_arm_of_a_seed_runs_before_the_next_seed(tmp_path):
 
 def test_arms_share_the_seeds_rule_budget_and_held_out_split(tmp_path):
     commands = {j.arm: j.command("full") for j in fg.jobs("full", tmp_path) if j.seed == 1}
-    common = [*fg.TASK, *fg.WARM_UP_RULE, *fg.PPO, *fg.GUARD, "--split-seeds", "0", "1", "2", "3",
+    common = [*fg.TASK, *fg.WARM_UP_RULE, *fg.PPO, *fg.GUARDS["penalty"], "--split-seeds", "0", "1", "2", "3",
               *fg.BUDGETS["full"]["flags"]]  # fmt: skip
     for cmd in commands.values():
         assert cmd[2 : 2 + len(common)] == common
@@ -32,6 +32,33 @@ def test_arms_share_the_seeds_rule_budget_and_held_out_split(tmp_path):
         tmp_path / "grounding_worldmodeling-1" / "natural-1" / "warm"
     )
     assert "--wm-weight" not in commands["grounding_worldmodeling"]
+
+
+def test_round_two_differs_by_the_guard_alone(tmp_path):
+    """--guard skeleton --warm-ups: every flag of the first grid plus --skeleton, and every
+    arm (each seed) loads the first grid's warm-up, so no job waits for another."""
+    first = tmp_path / "first"
+    for arm in ("no_think", "free_think", "grounding_worldmodeling"):
+        for seed in fg.SEEDS:
+            (first / f"{arm}-{seed}" / f"natural-{seed}" / "warm").mkdir(parents=True)
+            (first / f"{arm}-{seed}" / f"natural-{seed}" / "warm" / "config.json").write_text("{}")
+    again = fg.jobs("full", tmp_path / "second", "skeleton", first)
+    plain = {j.name: j.command("full") for j in fg.jobs("full", tmp_path / "second")}
+    for job in again:
+        assert job.after is None
+        cmd = job.command("full")
+        assert cmd.count("--skeleton") == 1 and cmd.count("--invalid-penalty") == 1
+        source = "grounding_worldmodeling" if job.arm == "gwm_wm0" else job.arm
+        warm = first / f"{source}-{job.seed}" / f"natural-{job.seed}" / "warm"
+        assert cmd[cmd.index("--warm-up") + 1] == str(warm)
+
+        def bare(c):
+            return [x for x in c if x not in ("--skeleton", "--warm-up") and not x.endswith("warm")]
+
+        assert bare(cmd) == bare(plain[job.name])
+    (first / "no_think-2" / "natural-2" / "warm" / "config.json").unlink()
+    with pytest.raises(SystemExit, match="no_think-2"):
+        fg.jobs("full", tmp_path / "second", "skeleton", first)
 
 
 def test_finished_jobs_are_skipped(tmp_path, capsys):
