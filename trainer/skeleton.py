@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 
 from env_server.core.types import ResponseFormat
@@ -50,6 +51,7 @@ _WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")  # the parser's \s between tags (ASC
 # section of those alone would be empty to it; other non-ASCII text is allowed but
 # does not count
 _VISIBLE = frozenset(range(0x21, 0x7F)) - {ord("<")}
+_HIDDEN = bytes(b for b in range(256) if b not in _VISIBLE)  # bytes.translate's delete set
 _FAR = 1 << 20  # the distance to the end from a state that cannot reach it
 
 
@@ -109,23 +111,45 @@ class Skeleton:
         self.after_last = self._state(("after",))
         self.end = self._state(("end",))
         self.start = self.index[("tag", 0, 0)]
+        width = vocab_size or len(tokenizer)
         special = set(tokenizer.all_special_ids)
-        table = torch.full((len(self.names), vocab_size or len(tokenizer)), -1, dtype=torch.int32)
-        for t in range(min(table.shape[1], len(tokenizer))):
-            if t == end_id:
-                table[self.after_last, t] = self.end
-                continue
-            if t in special:
-                continue
-            data = token_bytes(tokenizer, t)
-            if not data:
-                continue
-            for s in range(len(self.names)):
-                after = self._read(s, data)
-                if after is not None:
-                    table[s, t] = after
-        self.next = table
+        pieces = [(t, token_bytes(tokenizer, t)) for t in range(min(width, len(tokenizer)))
+                  if t not in special]  # fmt: skip
+        table = np.full((len(self.names), width), -1, dtype=np.int32)
+        for s, t, after in self._transitions([(t, d) for t, d in pieces if d]):
+            table[s, t] = after
+        if end_id < width:
+            table[self.after_last, end_id] = self.end
+        self.next = torch.from_numpy(table)
         self.dist = self._distances()
+
+    def _transitions(self, pieces: list[tuple[int, bytes]]):
+        """(state, token, state after) for every allowed pair. Only the tokens whose first
+        byte can go on from a state are read there, and a token without "<" is read in a
+        section's text at once, so a 150k vocabulary takes seconds, not minutes."""
+        by_first: dict[int, list[tuple[int, bytes]]] = {}
+        for t, data in pieces:
+            by_first.setdefault(data[0], []).append((t, data))
+        gap = [p for b in (*_WHITESPACE, ord("<")) for p in by_first.get(b, [])]
+        blank = [p for b in _WHITESPACE for p in by_first.get(b, [])]
+        for s, name in enumerate(self.names):
+            if name[0] == "text":
+                _, j, filled = name
+                written, empty = self.index[("text", j, True)], self.index[("text", j, False)]
+                for t, data in pieces:
+                    if b"<" not in data:
+                        yield s, t, written if filled or data.translate(None, _HIDDEN) else empty
+                    elif (after := self._read(s, data)) is not None:
+                        yield s, t, after
+                continue
+            if name[0] == "tag":
+                _, j, i = name
+                candidates = gap if i == 0 else by_first.get(self.tags[j][i], [])
+            else:  # after the last tag: whitespace; the end: nothing
+                candidates = blank if name[0] == "after" else []
+            for t, data in candidates:
+                if (after := self._read(s, data)) is not None:
+                    yield s, t, after
 
     def _state(self, name: tuple) -> int:
         self.index[name] = len(self.names)

@@ -20,7 +20,7 @@ from trainer.config import ConfigError, load_config
 from trainer.model import load_policy
 from trainer.ppo import train
 from trainer.rollout import HFPolicy
-from trainer.skeleton import Skeleton
+from trainer.skeleton import Skeleton, token_bytes
 from trainer.trajectory import ChatLayout, collate, policy_forward
 
 FORMATS = [f.value for f in SECTIONS]  # the paper's five formats
@@ -229,3 +229,22 @@ def test_ppo_iteration_over_a_real_server_answers_only_in_the_layout(
         _split_sections(t["response"], ResponseFormat.GROUNDING_WORLDMODELING)[1]
         for t in plain_turns
     )
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_table_is_every_token_read_from_every_state(tiny, fmt):
+    """The table, built from candidate tokens only (by first byte, and at once in a
+    section's text), is the automaton read over every token from every state."""
+    skeleton = _skeleton(tiny, fmt)
+    layout = tiny[1]
+    for t in range(len(layout.tok)):
+        data = token_bytes(layout.tok, t)
+        for s in range(len(skeleton.names)):
+            if t == layout.im_end_id:
+                want = skeleton.end if s == skeleton.after_last else -1
+            elif t in layout.tok.all_special_ids or not data:
+                want = -1
+            else:
+                after = skeleton._read(s, data)
+                want = -1 if after is None else after
+            assert int(skeleton.next[s, t]) == want, (skeleton.names[s], data)
