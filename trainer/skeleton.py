@@ -122,6 +122,7 @@ class Skeleton:
             table[self.after_last, end_id] = self.end
         self.next = torch.from_numpy(table)
         self.dist = self._distances()
+        self._copies: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _transitions(self, pieces: list[tuple[int, bytes]]):
         """(state, token, state after) for every allowed pair. Only the tokens whose first
@@ -203,7 +204,7 @@ class Skeleton:
             if torch.equal(new, dist[:-1]):
                 break
             dist[:-1] = new
-        return dist
+        return dist.to(torch.int32)  # int32 tables: the update gathers them per logit
 
     def shortest(self) -> int:
         """The fewest tokens a whole response takes (its tags, one token of text per
@@ -224,16 +225,21 @@ class Skeleton:
         keeps the skeleton and its state can still reach the end in `left - 1` tokens.
         A state of -1 (a token not under the guard) and the end (a finished response,
         whose row a batch still carries) allow every token."""
-        device = states.device
-        nxt, dist = self.next.to(device), self.dist.to(device)
-        after = nxt[states.clamp_min(0)].long()
+        nxt, dist = self._on(states.device)
+        after = nxt[states.clamp_min(0)]
         after[after < 0] = len(self.names)
         ok = dist[after] <= (left - 1).unsqueeze(-1)
         return ok | ((states < 0) | (states == self.end)).unsqueeze(-1)
 
     def advance(self, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """The states after `tokens` (-1 where a token left the skeleton)."""
-        return self.next.to(states.device)[states.clamp_min(0), tokens].long()
+        return self._on(states.device)[0][states.clamp_min(0), tokens].long()
+
+    def _on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tables on `device`, copied there once."""
+        if device not in self._copies:
+            self._copies[device] = (self.next.to(device), self.dist.to(device))
+        return self._copies[device]
 
 
 def removed_mass(logp_free: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
