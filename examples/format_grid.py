@@ -393,6 +393,48 @@ def world_model_reward(found: dict[str, dict[int, dict[str, Any]]]) -> dict[str,
     return out
 
 
+def paired_with(found: dict[str, dict[int, dict[str, Any]]],
+                before: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:  # fmt: skip
+    """This grid minus another on the same warm-ups (round two minus the first grid: the
+    guard's effect), arm by arm and seed by seed, where both have finished: PPO greedy
+    success and valid answers, and the warm-up's greedy success (the same model decoded
+    two ways: what the guard changes at evaluation alone)."""
+    out: dict[str, Any] = {}
+    for arm in ARMS:
+        seeds = sorted(set(found.get(arm, {})) & set(before.get(arm, {})))
+        if not seeds:
+            continue
+
+        def ev(report: dict[str, Any], seed: int, phase: str) -> dict[str, Any]:
+            return report["runs"]["natural"][phase][str(seed)]["eval"]
+
+        row: dict[str, Any] = {"seeds": seeds}
+        for name, phase, key in (("ppo_greedy", PPO_ARM, "success_rate"),
+                                 ("ppo_valid", PPO_ARM, "valid_answer_rate"),
+                                 ("warm_up_greedy", "warm-up", "success_rate")):  # fmt: skip
+            row[name] = _interval([ev(found[arm][s], s, phase)[key] - ev(before[arm][s], s, phase)[key]
+                                   for s in seeds])  # fmt: skip
+        out[arm] = row
+    return out
+
+
+def compare_table(effect: dict[str, Any], other: Path) -> str:
+    lines = [
+        "",
+        f"Against `{other}` (the same warm-ups), seed by seed: this grid minus that one.",
+        "",
+        "| arm | seeds | + PPO greedy success | + PPO greedy valid answers "
+        "| warm-up greedy success (decoding alone) |",
+        "|---|---|---|---|---|",
+    ]
+    for arm, row in effect.items():
+        cells = [_cell(row[k], signed=True) for k in ("ppo_greedy", "ppo_valid", "warm_up_greedy")]
+        lines.append(
+            f"| `{arm}` | {', '.join(map(str, row['seeds']))} | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def plot(grid: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -427,9 +469,11 @@ def plot(grid: dict[str, Any], path: Path) -> None:
 
 
 def merge(out: Path, budget: str, table_path: Path | None = None,
-          plot_path: Path | None = None, quiet: bool = False) -> dict[str, Any] | None:  # fmt: skip
+          plot_path: Path | None = None, quiet: bool = False,
+          compare: Path | None = None) -> dict[str, Any] | None:  # fmt: skip
     """The grid's table (`<out>/grid.md`), numbers (`<out>/grid.json`) and plot
-    (`<out>/grid.png`) from the finished jobs; also to `table_path` and `plot_path`."""
+    (`<out>/grid.png`) from the finished jobs; also to `table_path` and `plot_path`.
+    `compare`: another grid on the same warm-ups and levels, paired seed by seed."""
     found = load(out)
     if not found:
         print("no finished job yet", flush=True)
@@ -439,6 +483,12 @@ def merge(out: Path, budget: str, table_path: Path | None = None,
             "arms": {arm: arm_summary(by_seed) for arm, by_seed in found.items()},
             "world_model_reward": world_model_reward(found)}  # fmt: skip
     text = table(grid)
+    if compare is not None:
+        before = load(compare)
+        if before and next(iter(next(iter(before.values())).values()))["levels"] != grid["levels"]:
+            raise SystemExit(f"--compare {compare}: played other held-out levels")
+        grid["compared"] = {"with": str(compare), "arms": paired_with(found, before)}
+        text += compare_table(grid["compared"]["arms"], compare)
     (out / "grid.json").write_text(json.dumps(grid, indent=1))
     for path in (out / "grid.md", table_path):
         if path is not None:
@@ -468,12 +518,15 @@ def main() -> None:
     ap.add_argument("--merge-only", action="store_true", help="only write the table and plot")
     ap.add_argument("--table", type=Path, default=None, help="also write the table here")
     ap.add_argument("--plot", type=Path, default=None, help="also write the plot here")
+    ap.add_argument("--compare", type=Path, default=None,
+                    help="another grid on the same warm-ups (round two: the first grid): "
+                    "its numbers subtracted seed by seed")  # fmt: skip
     args = ap.parse_args()
     failed: list[str] = []
     if not args.merge_only:
         todo = jobs(args.budget, args.out, args.guard, args.warm_ups)
         failed = run_queue(todo, args.budget, args.jobs, args.nice)
-    merge(args.out, args.budget, args.table, args.plot)
+    merge(args.out, args.budget, args.table, args.plot, compare=args.compare)
     if failed:
         raise SystemExit(f"failed: {', '.join(failed)}")
 

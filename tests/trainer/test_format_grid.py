@@ -139,3 +139,31 @@ def test_merge_pairs_the_world_model_arms_seed_by_seed(tmp_path):
     text = (tmp_path / "grid.md").read_text()
     assert "+ PPO greedy success +0.08 [-1.51, +1.66] (+0.20, -0.05)" in text
     assert "≥ 0.95 on 2 of 3" in text and "≥ 0.95 on 1 of 2" in text  # seed 1: 0.90
+
+
+def test_compare_pairs_two_grids_seed_by_seed(tmp_path):
+    """--compare: this grid minus another on the same warm-ups, per arm and seed, on the
+    seeds both finished; other held-out levels are refused."""
+    levels = {"held_out": 100, "held_out_first": 7}
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    for seed, (before, after) in {0: (0.3, 0.4), 1: (0.5, 0.45), 2: (0.2, 0.2)}.items():
+        (first / f"gwm_wm0-{seed}.json").write_text(
+            json.dumps(_report(seed, 0.3, before, 0.94, levels))
+        )
+        if seed < 2:
+            (second / f"gwm_wm0-{seed}.json").write_text(
+                json.dumps(_report(seed, 0.3, after, 1.0, levels))
+            )
+    grid = fg.merge(second, "full", quiet=True, compare=first)
+    row = grid["compared"]["arms"]["gwm_wm0"]
+    assert row["seeds"] == [0, 1]
+    assert row["ppo_greedy"]["per_seed"] == pytest.approx([0.1, -0.05])
+    assert row["ppo_valid"]["per_seed"] == pytest.approx([0.06, 0.06])
+    assert row["warm_up_greedy"]["per_seed"] == pytest.approx([0.0, 0.0])
+    assert "| `gwm_wm0` | 0, 1 | +0.03" in (second / "grid.md").read_text()
+    other = _report(0, 0.3, 0.4, 1.0, {"held_out": 100, "held_out_first": 8})
+    (second / "gwm_wm0-0.json").write_text(json.dumps(other))
+    (second / "gwm_wm0-1.json").unlink()
+    with pytest.raises(SystemExit, match="other held-out levels"):
+        fg.merge(second, "full", quiet=True, compare=first)
