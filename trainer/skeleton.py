@@ -29,7 +29,9 @@ What the guard hides is measured, not assumed: `removed` is the probability the
 unmasked policy gave to the tokens the mask took away, and `HFPolicy` reports, per turn,
 the chance that the unguarded policy would have left the skeleton on that turn's path.
 
-Byte-level BPE tokenizers (Qwen's, the tiny model's) are read byte by byte, so a
+Every format has a skeleton: the paper's five as the parser reads them, VAGEN main's
+(which the server searches for, free text allowed around some tags) in their strictest
+form. Byte-level BPE tokenizers (Qwen's, the tiny model's) are read byte by byte, so a
 multi-byte character split across tokens is handled; other tokenizers are read through
 their decoded text. Special tokens are never allowed, except <|im_end|> after the last
 tag. Tables: states x vocabulary (a few hundred states), built once per run.
@@ -43,7 +45,7 @@ import numpy as np
 import torch
 
 from env_server.core.types import ResponseFormat
-from env_server.reasoning.formats import SECTIONS, expected_tags
+from env_server.reasoning.formats import VAGEN_LAYOUTS, expected_tags
 
 _WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")  # the parser's \s between tags (ASCII)
 # the bytes that make a section non-empty: visible ASCII. The parser strips a section
@@ -88,15 +90,18 @@ class Skeleton:
     allowed), `dist[s]` the fewest tokens from s to the end."""
 
     def __init__(
-        self, tokenizer, fmt: ResponseFormat | str, end_id: int, vocab_size: int | None = None
+        self,
+        tokenizer,
+        fmt: ResponseFormat | str,
+        end_id: int,
+        vocab_size: int | None = None,
+        answer_tag: str = "answer",
     ) -> None:
         """`vocab_size`: the width of the model's logits (Qwen's is wider than its
-        tokenizer; ids past the tokenizer are never allowed)."""
-        fmt = ResponseFormat(fmt)
-        if fmt not in SECTIONS:
-            raise ValueError(f"generation.skeleton: no tag skeleton for the {fmt.value} format")
-        self.fmt = fmt
-        self.tags = [t.encode() for t in expected_tags(fmt)]
+        tokenizer; ids past the tokenizer are never allowed). `answer_tag`: the session's
+        answer tag in VAGEN main's layouts (`reasoning.answer_tag`)."""
+        self.fmt = ResponseFormat(fmt)
+        self.tags = [t.encode() for t in layout_tags(self.fmt, answer_tag)]
         # a section's text follows tag j when tag j + 1 closes it: <x>TEXT</x>
         self.text_after = [j + 1 < len(self.tags) and self.tags[j + 1] == b"</" + t[1:]
                            for j, t in enumerate(self.tags)]  # fmt: skip
@@ -240,6 +245,16 @@ class Skeleton:
         if device not in self._copies:
             self._copies[device] = (self.next.to(device), self.dist.to(device))
         return self._copies[device]
+
+
+def layout_tags(fmt: ResponseFormat, answer_tag: str = "answer") -> list[str]:
+    """The tags a response in `fmt` is written with, in order. VAGEN main's layouts
+    (searched for, free text allowed around or between some tags) get their strictest
+    form: the tags alone, whitespace between them, a section in each."""
+    if fmt in VAGEN_LAYOUTS:
+        names = [answer_tag if t == "answer" else t for t in VAGEN_LAYOUTS[fmt].tags]
+        return [tag for name in names for tag in (f"<{name}>", f"</{name}>")]
+    return expected_tags(fmt)
 
 
 def removed_mass(logp_free: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:

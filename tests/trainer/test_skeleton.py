@@ -14,7 +14,7 @@ import torch
 
 from clients.rollout import PolicyInput
 from env_server.core.types import ResponseFormat
-from env_server.reasoning.formats import SECTIONS, _split_sections
+from env_server.reasoning.formats import SECTIONS, VAGEN_LAYOUTS, _split_sections, _vagen_pattern
 from examples import learn_frozenlake as lf
 from trainer.config import ConfigError, load_config
 from trainer.model import load_policy
@@ -24,6 +24,7 @@ from trainer.skeleton import Skeleton, token_bytes
 from trainer.trajectory import ChatLayout, collate, policy_forward
 
 FORMATS = [f.value for f in SECTIONS]  # the paper's five formats
+VAGEN = [f.value for f in VAGEN_LAYOUTS]  # VAGEN main's, searched for in free text
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +100,20 @@ def test_every_sampled_response_has_the_layout(tiny, fmt, cached):
     assert all(_split_sections(text, ResponseFormat(fmt))[1] for _, text in free)
 
 
+@pytest.mark.parametrize("fmt", VAGEN)
+def test_vagen_layouts_sample_what_the_vagen_parser_finds(tiny, fmt):
+    """VAGEN main's layouts (navigation's <action> answer tag too): every sampled response
+    holds the layout the server searches for, with a non-empty answer."""
+    model, layout = tiny
+    for tag in ("answer", "action"):
+        width = model.get_output_embeddings().weight.shape[0]
+        skeleton = Skeleton(layout.tok, fmt, layout.im_end_id, width, answer_tag=tag)
+        torch.manual_seed(0)
+        for _, text in _sample(model, layout, skeleton, 40, True, rows=6):
+            found = _vagen_pattern(ResponseFormat(fmt), tag).search(text)
+            assert found is not None and found.group("answer").strip(), (tag, text)
+
+
 def _sample(model, layout, skeleton, budget, cached, rows, greedy=False):
     policy = HFPolicy(model, layout, temperature=1.0, max_new_tokens=budget, batch_size=4,
                       kv_cache=cached, skeleton=skeleton, greedy=greedy)  # fmt: skip
@@ -121,8 +136,6 @@ def test_budget_below_the_skeleton_is_refused(tiny):
     skeleton.check_budget(skeleton.shortest())
     with pytest.raises(ValueError, match="max_new_tokens"):
         skeleton.check_budget(skeleton.shortest() - 1)
-    with pytest.raises(ValueError, match="no tag skeleton"):
-        _skeleton(tiny, "vagen_wm")
 
 
 def test_update_takes_logprobs_under_the_sampling_mask(tiny):
