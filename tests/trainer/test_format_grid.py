@@ -4,6 +4,9 @@ arithmetic (paired gains, intervals over seeds, the lowest seed's valid answers)
 from __future__ import annotations
 
 import json
+import re
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -68,6 +71,20 @@ def test_finished_jobs_are_skipped(tmp_path, capsys):
     assert fg.run_queue(todo, "pilot", parallel=1, nice=19) == []
     assert "4 of 4 jobs done; 0 to run" in capsys.readouterr().out
     assert not list(tmp_path.glob("*.log"))  # nothing was started
+
+
+def test_jobs_run_behind_the_rest_of_the_machine(tmp_path, monkeypatch):
+    """A job runs niced, in a session of its own whose scheduling group is niced too
+    (where the kernel groups sessions), so a test suite elsewhere keeps its share."""
+    probe = ("import os; print('nice', os.nice(0)); print('own session', os.getsid(0) == os.getpid());"
+             "p = '/proc/self/autogroup'; print(open(p).read() if os.path.exists(p) else 'no autogroup')")  # fmt: skip
+    monkeypatch.setattr(fg.Job, "command", lambda self, budget: [sys.executable, "-c", probe])
+    (job,) = fg.jobs("pilot", tmp_path)[:1]
+    assert fg.run_queue([job], "pilot", parallel=1, nice=19) == [job.name]  # no report: failed
+    log = (tmp_path / f"{job.name}.log").read_text()
+    assert "nice 19" in log and "own session True" in log
+    if Path("/proc/self/autogroup").exists():
+        assert re.search(r"/autogroup-\d+ nice 19", log), log
 
 
 def test_a_job_never_starts_before_its_warm_up_exists(tmp_path):
