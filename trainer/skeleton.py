@@ -44,8 +44,7 @@ import functools
 import numpy as np
 import torch
 
-from env_server.core.types import ResponseFormat
-from env_server.reasoning.formats import VAGEN_LAYOUTS, expected_tags
+from visenv.formats import layout_tags
 
 _WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")  # the parser's \s between tags (ASCII)
 # the bytes that make a section non-empty: visible ASCII. The parser strips a section
@@ -92,7 +91,7 @@ class Skeleton:
     def __init__(
         self,
         tokenizer,
-        fmt: ResponseFormat | str,
+        fmt: str,
         end_id: int,
         vocab_size: int | None = None,
         answer_tag: str = "answer",
@@ -100,7 +99,7 @@ class Skeleton:
         """`vocab_size`: the width of the model's logits (Qwen's is wider than its
         tokenizer; ids past the tokenizer are never allowed). `answer_tag`: the session's
         answer tag in VAGEN main's layouts (`reasoning.answer_tag`)."""
-        self.fmt = ResponseFormat(fmt)
+        self.fmt = getattr(fmt, "value", fmt)  # a ResponseFormat or its value
         self.tags = [t.encode() for t in layout_tags(self.fmt, answer_tag)]
         # a section's text follows tag j when tag j + 1 closes it: <x>TEXT</x>
         self.text_after = [j + 1 < len(self.tags) and self.tags[j + 1] == b"</" + t[1:]
@@ -219,7 +218,7 @@ class Skeleton:
     def check_budget(self, max_new_tokens: int) -> None:
         if max_new_tokens < self.shortest():
             raise ValueError(
-                f"generation.skeleton: the {self.fmt.value} skeleton takes at least "
+                f"generation.skeleton: the {self.fmt} skeleton takes at least "
                 f"{self.shortest()} tokens of this tokenizer, more than "
                 f"generation.max_new_tokens={max_new_tokens}"
             )
@@ -245,16 +244,6 @@ class Skeleton:
         if device not in self._copies:
             self._copies[device] = (self.next.to(device), self.dist.to(device))
         return self._copies[device]
-
-
-def layout_tags(fmt: ResponseFormat, answer_tag: str = "answer") -> list[str]:
-    """The tags a response in `fmt` is written with, in order. VAGEN main's layouts
-    (searched for, free text allowed around or between some tags) get their strictest
-    form: the tags alone, whitespace between them, a section in each."""
-    if fmt in VAGEN_LAYOUTS:
-        names = [answer_tag if t == "answer" else t for t in VAGEN_LAYOUTS[fmt].tags]
-        return [tag for name in names for tag in (f"<{name}>", f"</{name}>")]
-    return expected_tags(fmt)
 
 
 def removed_mass(logp_free: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:

@@ -46,40 +46,20 @@ import re
 from dataclasses import dataclass
 
 from env_server.core.types import Action, ActionKind, ActionSpace, ResponseFormat
+from visenv import formats as layouts
+from visenv.formats import VagenLayout
 
 from .config import ReasoningConfig
 
 SEPARATOR = ","
 DEFAULTS = ReasoningConfig()
 
-# the sections inside <think> for each format; None means free text inside <think>
+# the layouts (visenv/formats.py, the contract the trainer decodes by too), by format
 SECTIONS: dict[ResponseFormat, tuple[str, ...] | None] = {
-    ResponseFormat.NO_THINK: (),
-    ResponseFormat.FREE_THINK: None,
-    ResponseFormat.GROUNDING: ("observation", "reasoning"),
-    ResponseFormat.WORLDMODELING: ("reasoning", "prediction"),
-    ResponseFormat.GROUNDING_WORLDMODELING: ("observation", "reasoning", "prediction"),
+    ResponseFormat(k): v for k, v in layouts.SECTIONS.items()
 }
-
-
-@dataclass(frozen=True)
-class VagenLayout:
-    """One of VAGEN main's layouts: its tags in order ("answer" stands for the answer tag),
-    whether free text may stand between them, and whether the response must hold nothing else."""
-
-    tags: tuple[str, ...]
-    free_between: bool = False
-    alone: bool = False
-
-
 VAGEN_LAYOUTS: dict[ResponseFormat, VagenLayout] = {
-    ResponseFormat.VAGEN_FREE_THINK: VagenLayout(("think", "answer")),
-    ResponseFormat.VAGEN_WM: VagenLayout(("observation", "think", "answer", "prediction")),
-    ResponseFormat.VAGEN_FREE_WM: VagenLayout(
-        ("observation", "answer", "prediction"), free_between=True
-    ),
-    ResponseFormat.VAGEN_NO_THINK: VagenLayout(("answer",), alone=True),
-    ResponseFormat.VAGEN_EVAL_MODE: VagenLayout(("answer",)),
+    ResponseFormat(k): v for k, v in layouts.VAGEN_LAYOUTS.items()
 }
 
 TAG_NAMES = ("think", "observation", "reasoning", "prediction", "answer")
@@ -127,14 +107,7 @@ def layout(fmt: ResponseFormat, answer_tag: str = "answer") -> str:
 
 def expected_tags(fmt: ResponseFormat) -> list[str]:
     """The sequence of tags a response in `fmt` must contain: ['<think>', ..., '</answer>']."""
-    sections = SECTIONS[fmt]
-    tags: list[str] = []
-    if sections != ():
-        tags.append("<think>")
-        for s in sections or ():
-            tags += [f"<{s}>", f"</{s}>"]
-        tags.append("</think>")
-    return tags + ["<answer>", "</answer>"]
+    return layouts.expected_tags(ResponseFormat(fmt).value)
 
 
 def parse_response(
