@@ -18,10 +18,9 @@ API (all methods are coroutines; batch-first, answered per item, in order)::
 
 Items are the models of `models.py` as an adapter parsed them, or plain dicts (validated
 here, one by one, so a bad item gets its own INVALID_ARGUMENT naming the field and the
-others go on), or the ServiceError of an item an adapter could not parse (answered as
-it is, in its place). Single-session calls are batches of one. `ServiceError(code,
-message, field)` carries the wire error codes of docs/wire.md; `error.http_status` gives
-the HTTP status.
+others go on), or the ServiceError of an item an adapter could not parse (answered in
+its place). Single-session calls are batches of one. `ServiceError(code, message,
+field)` carries the wire error codes of docs/wire.md (`error.http_status`: HTTP's).
 
 How it works: environments live in worker processes; this (API) process only routes.
 `EnvService` coordinates three parts, one module each:
@@ -156,9 +155,7 @@ class EnvService:
 
     async def _start(self) -> None:
         await self.pool.start()
-        from env_server.core import registry
-
-        names = sorted(set(registry.names()) | set(self.settings.env_paths))
+        names = self._known()
         unknown = sorted(set(self.settings.envs or ()) - set(names))
         if unknown:
             await self.stop()
@@ -173,9 +170,8 @@ class EnvService:
             spec.enabled = name in wanted and spec.available
         if self.settings.idle_timeout > 0:
             self._reaper = asyncio.create_task(self._reap_loop(), name="session-reaper")
-        # everything made so far (modules, the app) lives as long as the process: out of
-        # every later collection, which then scans only sessions and requests (a full
-        # collection of the start-up heap took 100-300 ms, the p99 of a batch-64 step)
+        # the start-up heap lives as long as the process: out of every later collection
+        # (a full one of it took 100-300 ms, the p99 of a batch-64 step)
         gc.freeze()
 
     @property
@@ -476,6 +472,18 @@ class EnvService:
             raise answer
         return answer
 
+    def _known(self) -> list[str]:  # every environment it could serve
+        from env_server.core import registry
+
+        return sorted(set(registry.names()) | set(self.settings.env_paths))
+
+    def offered(self) -> list[str]:
+        """The environments sessions may ask for: the enabled ones; while starting, those
+        asked for (none made clients that place by /health skip a starting server)."""
+        if self.env_specs:
+            return sorted(n for n, s in self.env_specs.items() if s.enabled)
+        return sorted(self.settings.envs or self._known())
+
     async def health(self) -> dict[str, Any]:
         ready = self.envs_ready()
         if not self._started.is_set():
@@ -486,23 +494,21 @@ class EnvService:
             status = "ok" if all(ready.values()) else "warming"
         return {
             "status": status,
-            # per enabled environment: served without a warm-up (a startup/readiness probe
-            # waits for the ones it needs; `status` is "ok" once all are)
+            # per enabled env: served without a warm-up (`status` is "ok" once all are)
             "ready": ready,
             "limits": self.limits(),
             "sessions": len(self.sessions),
             "draining": self.draining,
             "max_sessions": self.settings.max_sessions,
             "idle_timeout_s": self.settings.idle_timeout,
-            "envs": sorted(n for n, s in self.env_specs.items() if s.enabled),
+            "envs": self.offered(),
             "workers": [
                 {
                     "index": w.index,
                     "pid": w.pid,
                     "alive": w.alive,
                     "sessions": len(w.sessions),
-                    # requests and the messages that carried them (coalesced: fewer messages)
-                    "requests": w.requests_sent,
+                    "requests": w.requests_sent,  # and the messages that carried them
                     "messages": w.messages_sent,
                     "prewarmed": w.warmed,
                 }

@@ -63,3 +63,27 @@ def test_a_light_env_reported_ready_is_served_while_a_heavy_one_warms(start_vise
         assert "warm_up_s" not in heavy.json()["info"]
         http.delete(f"/v1/sessions/{sid}")
         http.delete(f"/v1/sessions/{heavy.json()['session_id']}")
+
+
+def test_a_starting_server_lists_the_environments_it_will_serve():
+    """Before its workers list them, /health names the environments asked for, not none:
+    a client that places sessions by /health took a starting server for one offering
+    nothing and put every session on the other (8 of 8 under load). Once started: the
+    enabled ones."""
+    import asyncio
+
+    from env_server.core import registry
+    from env_server.service import EnvService, Settings
+
+    async def main() -> tuple[dict, dict, dict]:
+        asked = EnvService(Settings(workers=1, envs=["frozenlake", "sokoban"]))
+        every = EnvService(Settings(workers=1))
+        before = await asked.health(), await every.health()
+        async with asked:
+            after = await asked.health()
+        return *before, after
+
+    asked, every, started = asyncio.run(main())
+    assert asked["status"] == "starting" and asked["envs"] == ["frozenlake", "sokoban"]
+    assert every["status"] == "starting" and every["envs"] == sorted(registry.names())
+    assert started["status"] != "starting" and started["envs"] == ["frozenlake", "sokoban"]
