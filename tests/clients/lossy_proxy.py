@@ -5,25 +5,26 @@ from __future__ import annotations
 import asyncio
 import threading
 
-# HTTP/2 control frames (PING 17 bytes, WINDOW_UPDATE 13, SETTINGS ack 9) that gRPC
-# sends on its own must not arm the proxy: only a request (headers + body) does, or a
-# message on a stream already open (a call on the SDK's Calls stream: one DATA frame,
-# which can be shorter than that)
-CONTROL_FRAME_BYTES = 64
+_FRAME_TYPES = 10  # HTTP/2 frame types 0-9 (DATA 0, HEADERS 1, ..., CONTINUATION 9)
 
 
 def carries_request(data: bytes) -> bool:
-    """Whether bytes the client sent hold a request: more than control frames, or an
-    HTTP/2 DATA frame (type 0) with a payload."""
-    if len(data) > CONTROL_FRAME_BYTES:
-        return True
-    pos = 0
+    """Whether bytes the client sent hold a request. HTTP/1.1: any bytes. HTTP/2 (gRPC,
+    whole frames): a DATA frame with a payload, which every unary request and every call
+    on the SDK's Calls stream sends; never a write of other frames alone (PING, SETTINGS,
+    WINDOW_UPDATE acks, a stream's HEADERS), which gRPC sends on its own, several to a
+    write under load. Armed by those, the proxy once cut a connection before the create
+    was sent, and the create, sent again on a new one, was made (a loaded suite run)."""
+    frames, pos = [], 0
     while pos + 9 <= len(data):
         length, kind = int.from_bytes(data[pos : pos + 3], "big"), data[pos + 3]
-        if kind == 0 and length > 0:
-            return True
+        if kind >= _FRAME_TYPES:
+            return True  # not HTTP/2 frames: HTTP/1.1
+        frames.append((kind, length))
         pos += 9 + length
-    return False
+    if pos != len(data):
+        return True  # not whole frames: HTTP/1.1, or a request split across reads
+    return any(kind == 0 and length > 0 for kind, length in frames)
 
 
 class LossyProxy:
