@@ -386,26 +386,32 @@ def table(grid: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def paired(a: dict[int, dict[str, Any]], b: dict[int, dict[str, Any]],
+           what: list[tuple[str, str, str, str | None]]) -> dict[str, Any] | None:  # fmt: skip
+    """`a`'s reports minus `b`'s, seed by seed on the seeds both finished, for each
+    (name, phase, key, sub) of `what`: the evaluation's `key` (under `sub`) after `phase`."""
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return None
+
+    def value(report: dict[str, Any], seed: int, phase: str, key: str, sub: str | None) -> float:
+        ev = report["runs"]["natural"][phase][str(seed)]["eval"]
+        return float((ev[sub] if sub else ev)[key])
+
+    out: dict[str, Any] = {"seeds": seeds}
+    for name, *at in what:
+        out[name] = _interval([value(a[s], s, *at) - value(b[s], s, *at) for s in seeds])
+    return out
+
+
 def world_model_reward(found: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any] | None:
     """The reward's effect alone: after PPO, the arm with it minus the arm without, seed by
     seed (both start from the same warm-up), where both have finished."""
     on, off = (found.get(arm, {}) for arm in WORLD_MODEL_ARMS)
-    seeds = sorted(set(on) & set(off))
-    if not seeds:
-        return None
-
-    def after(report: dict[str, Any], seed: int, key: str, sub: str | None = None) -> float:
-        ev = report["runs"]["natural"][PPO_ARM][str(seed)]["eval"]
-        return float((ev[sub] if sub else ev)[key])
-
-    out: dict[str, Any] = {"seeds": seeds}
-    for name, key, sub in (("greedy", "success_rate", None), ("sampled", "success_rate", "sampled"),
-                           ("observation_score", "observation_score", None),
-                           ("prediction_score", "prediction_score", None)):  # fmt: skip
-        out[name] = _interval(
-            [after(on[s], s, key, sub) - after(off[s], s, key, sub) for s in seeds]
-        )
-    return out
+    return paired(on, off, [("greedy", PPO_ARM, "success_rate", None),
+                            ("sampled", PPO_ARM, "success_rate", "sampled"),
+                            ("observation_score", PPO_ARM, "observation_score", None),
+                            ("prediction_score", PPO_ARM, "prediction_score", None)])  # fmt: skip
 
 
 def paired_with(found: dict[str, dict[int, dict[str, Any]]],
@@ -414,23 +420,11 @@ def paired_with(found: dict[str, dict[int, dict[str, Any]]],
     guard's effect), arm by arm and seed by seed, where both have finished: PPO greedy
     success and valid answers, and the warm-up's greedy success (the same model decoded
     two ways: what the guard changes at evaluation alone)."""
-    out: dict[str, Any] = {}
-    for arm in ARMS:
-        seeds = sorted(set(found.get(arm, {})) & set(before.get(arm, {})))
-        if not seeds:
-            continue
-
-        def ev(report: dict[str, Any], seed: int, phase: str) -> dict[str, Any]:
-            return report["runs"]["natural"][phase][str(seed)]["eval"]
-
-        row: dict[str, Any] = {"seeds": seeds}
-        for name, phase, key in (("ppo_greedy", PPO_ARM, "success_rate"),
-                                 ("ppo_valid", PPO_ARM, "valid_answer_rate"),
-                                 ("warm_up_greedy", "warm-up", "success_rate")):  # fmt: skip
-            row[name] = _interval([ev(found[arm][s], s, phase)[key] - ev(before[arm][s], s, phase)[key]
-                                   for s in seeds])  # fmt: skip
-        out[arm] = row
-    return out
+    what = [("ppo_greedy", PPO_ARM, "success_rate", None),
+            ("ppo_valid", PPO_ARM, "valid_answer_rate", None),
+            ("warm_up_greedy", "warm-up", "success_rate", None)]  # fmt: skip
+    rows = {arm: paired(found.get(arm, {}), before.get(arm, {}), what) for arm in ARMS}
+    return {arm: row for arm, row in rows.items() if row is not None}
 
 
 def compare_table(effect: dict[str, Any], other: Path) -> str:
