@@ -423,8 +423,7 @@ def play(client: EnvClient, policy, seeds: list[int], variant: str) -> dict[str,
 
 def skeleton_of(model, layout: ChatLayout) -> Skeleton:
     """The format guard --skeleton: constrained decoding of FORMAT's tags."""
-    width = model.get_output_embeddings().weight.shape[0]
-    return Skeleton(layout.tok, FORMAT, layout.im_end_id, vocab_size=width)
+    return Skeleton.for_model(model, layout.tok, FORMAT, layout.im_end_id)
 
 
 def overridden(policy: HFPolicy) -> float:

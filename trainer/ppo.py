@@ -195,9 +195,9 @@ def build_models(cfg: TrainConfig, device: torch.device, rank: int) -> Models:
     image_token_id = processing.tokenizer.convert_tokens_to_ids(processing.image_token)
     skeleton = None
     if cfg.generation.skeleton:
-        skeleton = Skeleton(processing.tokenizer, cfg.env.format, layout.im_end_id,
-                            vocab_size=unwrap(actor).get_output_embeddings().weight.shape[0],
-                            answer_tag=cfg.env.reasoning.get("answer_tag", "answer"))  # fmt: skip
+        skeleton = Skeleton.for_model(unwrap(actor), processing.tokenizer, cfg.env.format,
+                                      layout.im_end_id,
+                                      cfg.env.reasoning.get("answer_tag", "answer"))  # fmt: skip
         skeleton.check_budget(cfg.generation.max_new_tokens)
     return Models(actor, reference, critic, layout, image_token_id, skeleton)
 

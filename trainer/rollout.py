@@ -268,8 +268,10 @@ class HFPolicy:
                 left = torch.full_like(state, self.max_new_tokens - step)
                 allowed = guard.allowed(state, left)
                 free = action_log_softmax(logits, self.temperature, self.suppressed)
-                lost = (~allowed.gather(1, free.argmax(-1, keepdim=True)).squeeze(1)).float()
-                lost = lost if self.greedy else removed_mass(free, allowed)
+                if self.greedy:  # the unmasked argmax taken away: a greedy answer overridden
+                    lost = (~allowed.gather(1, free.argmax(-1, keepdim=True))).squeeze(1).float()
+                else:
+                    lost = removed_mass(free, allowed)
             logp = action_log_softmax(logits, self.temperature, self.suppressed, allowed)
             if self.greedy:
                 token = logp.argmax(-1)

@@ -128,6 +128,12 @@ class Skeleton:
         self.dist = self._distances()
         self._copies: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
+    @classmethod
+    def for_model(cls, model, tokenizer, fmt: str, end_id: int, answer_tag: str = "answer"):
+        """The skeleton over `model`'s whole logits (`vocab_size` read from its head)."""
+        width = model.get_output_embeddings().weight.shape[0]
+        return cls(tokenizer, fmt, end_id, vocab_size=width, answer_tag=answer_tag)
+
     def _transitions(self, pieces: list[tuple[int, bytes]]):
         """(state, token, state after) for every allowed pair. Only the tokens whose first
         byte can go on from a state are read there, and a token without "<" is read in a

@@ -35,8 +35,7 @@ def tiny(tiny_model_path):
 
 def _skeleton(tiny, fmt):
     model, layout = tiny
-    width = model.get_output_embeddings().weight.shape[0]
-    return Skeleton(layout.tok, fmt, layout.im_end_id, vocab_size=width)
+    return Skeleton.for_model(model, layout.tok, fmt, layout.im_end_id)
 
 
 def _walk(skeleton, layout, text, budget=500):
@@ -106,8 +105,7 @@ def test_vagen_layouts_sample_what_the_vagen_parser_finds(tiny, fmt):
     holds the layout the server searches for, with a non-empty answer."""
     model, layout = tiny
     for tag in ("answer", "action"):
-        width = model.get_output_embeddings().weight.shape[0]
-        skeleton = Skeleton(layout.tok, fmt, layout.im_end_id, width, answer_tag=tag)
+        skeleton = Skeleton.for_model(model, layout.tok, fmt, layout.im_end_id, answer_tag=tag)
         torch.manual_seed(0)
         for _, text in _sample(model, layout, skeleton, 40, True, rows=6):
             found = _vagen_pattern(ResponseFormat(fmt), tag).search(text)
