@@ -92,6 +92,8 @@ PPO_ARM = "bi_level"
 GUARDS = {  # the format guard, every arm
     "penalty": ["--invalid-penalty", "2"],  # the first grid (2026-12-06)
     "skeleton": ["--invalid-penalty", "2", "--skeleton"],  # round two: tags decoded constrained
+    # the mask, with the KL to the warm-up taken without it (the policy keeps its own tags)
+    "skeleton_kl": ["--invalid-penalty", "2", "--skeleton", "--kl-unmasked"],
 }
 GUARD_HOLDS = 0.95  # the bar: greedy valid answers after PPO, on every seed
 TASK = ["--variants", "natural", "--max-turns", "6", "--per-turn", "1", "--p", "0.9",
@@ -516,7 +518,8 @@ def main() -> None:
     ap.add_argument("--budget", choices=list(BUDGETS), default="full")
     ap.add_argument("--guard", choices=list(GUARDS), default="penalty",
                     help="the format guard of every arm: penalty (the first grid), skeleton "
-                    "(round two: plus constrained decoding of the tags)")  # fmt: skip
+                    "(round two: plus constrained decoding of the tags), skeleton_kl (the "
+                    "same, with the KL to the warm-up taken without the mask)")  # fmt: skip
     ap.add_argument("--warm-ups", type=Path, default=None,
                     help="a finished grid: every arm starts from its warm-up of the seed "
                     "(gwm_wm0 from grounding_worldmodeling's) instead of building one")  # fmt: skip

@@ -485,7 +485,7 @@ def warm_up(model, layout, episodes, epochs: int, lr: float, seed: int, batch_si
         for idx in torch.randperm(len(episodes), generator=g).split(batch_size)[:left]:
             left -= 1
             batch = collate([episodes[i] for i in idx.tolist()], layout.pad_id, image_id)
-            logp, _, _ = policy_forward(model, batch, 1.0, suppressed=layout.suppressed)
+            logp = policy_forward(model, batch, 1.0, suppressed=layout.suppressed).logp
             mask = batch.loss_mask.float()
             loss = -(logp * mask).sum() / mask.sum()
             opt.zero_grad()
@@ -568,8 +568,7 @@ def over_seeds(values: list[float]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- main
 
 
-def main() -> None:
-    global MAX_TURNS, PER_TURN, P_FROZEN, FORMAT, REASONING  # one shape and format a run
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/learn-frozenlake")
     ap.add_argument("--json", default=None, help="write the results here (after every arm)")
@@ -658,6 +657,9 @@ def main() -> None:
                     "decoding of the format's tags, and every model is evaluated under it "
                     "(its greedy play without it is reported as 'unguarded'); the warm-up's "
                     "own checks play without it")  # fmt: skip
+    ap.add_argument("--kl-unmasked", action="store_true",
+                    help="with --skeleton: ppo.kl_unmasked, the KL to the reference taken "
+                    "without the mask, so the warm-up's own tags hold the policy's")  # fmt: skip
     ap.add_argument("--wm-weight", type=float, default=None,
                     help="the world-model reward's weight (the session's reasoning beta_s and "
                     "beta_w, server side; default the server's 0.5): 0 keeps the "
@@ -676,7 +678,14 @@ def main() -> None:
     ap.add_argument("--format", default=FORMAT, choices=FORMATS,
                     help="the response format of every policy: baselines, the warm-up's "
                     "scripted demonstrations, PPO (env.format) and evaluation")  # fmt: skip
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    global MAX_TURNS, PER_TURN, P_FROZEN, FORMAT, REASONING  # one shape and format a run
+    args = parser().parse_args()
+    if args.kl_unmasked and not args.skeleton:
+        raise SystemExit("--kl-unmasked changes the KL under --skeleton's mask: give both")
     MAX_TURNS, PER_TURN, P_FROZEN = args.max_turns, args.per_turn, args.p
     FORMAT = args.format
     if args.wm_weight is not None:
@@ -884,7 +893,7 @@ def run_variant_seed(client, address, args, variant, seed, arms, eval_seeds, out
             f"ppo.kl_estimator={args.kl_estimator}", f"ppo.clip={args.clip}",
             f"ppo.filter_ratio={args.filter_ratio}",
             f"ppo.invalid_answer_penalty={args.invalid_penalty}",
-            f"generation.skeleton={args.skeleton}",
+            f"generation.skeleton={args.skeleton}", f"ppo.kl_unmasked={args.kl_unmasked}",
             *([f"ppo.kl_mode={args.kl_mode}"] if args.kl_mode else []),
             "run.save_every=1000", "run.threads=1",
             f"run.out_dir='{out / arm}'", f"run.seed={seed}", "run.progress=false",

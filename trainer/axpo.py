@@ -192,7 +192,7 @@ def choose_branch(
     if how != "uncertainty":
         raise ValueError(f"unknown AXPO branch rule {how!r}; use uncertainty or last")
     batch = collate([episodes[m] for m in members], layout.pad_id, image_token_id).to(device)
-    _, entropy, _ = policy_forward(model, batch, temperature, suppressed=layout.suppressed)
+    entropy = policy_forward(model, batch, temperature, suppressed=layout.suppressed).entropy
     best: BranchPoint | None = None
     for row, m in enumerate(members):
         for turn, (start, end) in enumerate(response_spans(episodes[m])):

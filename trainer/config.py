@@ -143,6 +143,13 @@ class PPOSection(_Strict):
     kl_estimator: Literal["k1", "k3"] = Field(
         "k1", description="k1: log pi - log pi_ref; k3: the low-variance, always >= 0 form"
     )
+    kl_unmasked: bool = Field(
+        False,
+        description="with generation.skeleton: the KL between the policy and the reference "
+        "without the skeleton's mask. Under the mask a forced token has log-prob 0 for both, "
+        "so no KL holds the policy's own writing of the tags, and PPO hands them to the mask "
+        "(docs/trainer.md); unmasked, the reference's tags hold the policy's",
+    )
     entropy_coef: float = Field(0.001, ge=0, description="VAGEN's (verl's) entropy_coeff")
     invalid_answer_penalty: float = Field(
         0.0,
@@ -286,6 +293,11 @@ class TrainConfig(_Strict):
             raise ValueError(
                 "env.system_prompt=false needs generation.backend 'hf' (the openai backend "
                 "sends the system prompt to the server)"
+            )
+        if self.ppo.kl_unmasked and not (self.generation.skeleton and self.ppo.kl_coef > 0):
+            raise ValueError(
+                "ppo.kl_unmasked needs generation.skeleton and ppo.kl_coef > 0: it changes "
+                "only the KL, and only where the skeleton's mask changed a token's log-prob"
             )
         if self.generation.skeleton and self.ppo.axpo:
             raise ValueError(

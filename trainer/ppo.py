@@ -111,12 +111,15 @@ def ppo_losses(
     value_clip: float = 0.5,
     ref_logp: torch.Tensor | None = None,
     kl_estimator: str = "k1",
+    kl_logp: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """The PPO losses over the action tokens in `mask`, aggregated by `agg`.
 
     The ratio is clipped to [1 - clip_low, 1 + clip_high]. With `values` (and
     `old_values`, `returns`): the clipped value loss. With `ref_logp`: `kl_loss`, the KL
-    to the reference policy as a loss term (its coefficient is the caller's)."""
+    to the reference policy as a loss term (its coefficient is the caller's), of
+    `kl_logp` when given (ppo.kl_unmasked: the log-probs without the skeleton's mask), else
+    of `new_logp`."""
     log_ratio = torch.where(mask.bool(), new_logp - old_logp, torch.zeros_like(new_logp))
     ratio = log_ratio.exp()
     pg1 = -advantages * ratio
@@ -135,7 +138,8 @@ def ppo_losses(
         v2 = (v_clipped - returns) ** 2
         out["value_loss"] = 0.5 * aggregate(torch.max(v1, v2), mask, agg)
     if ref_logp is not None:
-        out["kl_loss"] = aggregate(kl_estimate(new_logp, ref_logp, kl_estimator), mask, agg)
+        own = new_logp if kl_logp is None else kl_logp
+        out["kl_loss"] = aggregate(kl_estimate(own, ref_logp, kl_estimator), mask, agg)
     return out
 
 
@@ -203,31 +207,38 @@ def build_models(cfg: TrainConfig, device: torch.device, rank: int) -> Models:
 
 
 def forward(
-    models: Models, batch: Batch, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(log-probs, entropies, values or None) under the current actor and critic;
-    values[t] = V(tokens before t), see `Critic`."""
+    models: Models, batch: Batch, temperature: float, free: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(log-probs, entropies, values or None, log-probs without the skeleton's mask or
+    None) under the current actor and critic; values[t] = V(tokens before t), see `Critic`;
+    the last only with `free` (ppo.kl_unmasked)."""
     critic = unwrap(models.critic) if models.critic is not None else None
     shared = critic is not None and critic.backbone is None
-    logp, entropy, hidden = policy_forward(models.actor, batch, temperature, want_hidden=shared,
-                                           suppressed=models.layout.suppressed,
-                                           skeleton=models.skeleton)  # fmt: skip
+    logp, entropy, hidden, free_logp = policy_forward(
+        models.actor, batch, temperature, want_hidden=shared,
+        suppressed=models.layout.suppressed, skeleton=models.skeleton, free=free,
+    )  # fmt: skip
     values = None
     if shared:
         values = models.critic(hidden=hidden.detach())  # a head on the policy's features
     elif models.critic is not None:
         values = models.critic(inputs=batch.model_inputs())
-    return logp, entropy, values
+    return logp, entropy, values, free_logp
 
 
 @torch.no_grad()
-def reference_logprobs(models: Models, batch: Batch, temperature: float) -> torch.Tensor:
+def reference_logprobs(
+    models: Models, batch: Batch, temperature: float, unmasked: bool = False
+) -> torch.Tensor:
+    """The reference policy's log-probs of the batch's tokens: under the skeleton's mask as
+    sampled, or without it (`unmasked`, ppo.kl_unmasked)."""
     model = models.reference if models.reference is not None else models.actor
-    rule = {"suppressed": models.layout.suppressed, "skeleton": models.skeleton}
+    skeleton = None if unmasked else models.skeleton
+    rule = {"suppressed": models.layout.suppressed, "skeleton": skeleton}
     if models.reference is not None:
-        return policy_forward(model, batch, temperature, **rule)[0]
+        return policy_forward(model, batch, temperature, **rule).logp
     with unwrap(models.actor).disable_adapter():
-        return policy_forward(model, batch, temperature, **rule)[0]
+        return policy_forward(model, batch, temperature, **rule).logp
 
 
 # ----------------------------------------------------------------------------- levels
@@ -284,6 +295,7 @@ class Minibatch:
     batch: Batch
     old_logp: torch.Tensor
     ref_logp: torch.Tensor | None  # None when the KL is off
+    old_kl_logp: torch.Tensor  # what the KL is of: old_logp, or unmasked (ppo.kl_unmasked)
     old_values: torch.Tensor | None  # None without a critic
     token_rewards: torch.Tensor  # turn rewards, minus kl_coef * KL when in the reward
     episode_rewards: torch.Tensor  # (episodes,)
@@ -303,16 +315,20 @@ def make_minibatch(
     p, temperature = cfg.ppo, cfg.generation.temperature
     placement = ESTIMATORS[p.estimator].placement
     batch = collate(episodes, models.layout.pad_id, models.image_token_id, placement).to(device)
-    old_logp, _, old_values = forward(models, batch, temperature)
-    ref_logp = reference_logprobs(models, batch, temperature) if p.kl_coef > 0 else None
+    old_logp, _, old_values, old_free = forward(models, batch, temperature, p.kl_unmasked)
+    ref_logp = None
+    if p.kl_coef > 0:
+        ref_logp = reference_logprobs(models, batch, temperature, unmasked=p.kl_unmasked)
+    old_kl_logp = old_free if old_free is not None else old_logp
     token_rewards = batch.token_rewards
     if ref_logp is not None and p.kl_in == "reward":
-        kl = kl_estimate(old_logp, ref_logp, p.kl_estimator) * batch.loss_mask
+        kl = kl_estimate(old_kl_logp, ref_logp, p.kl_estimator) * batch.loss_mask
         token_rewards = token_rewards - p.kl_coef * kl
     return Minibatch(
         batch=batch,
         old_logp=old_logp,
         ref_logp=ref_logp,
+        old_kl_logp=old_kl_logp,
         old_values=None if old_values is None else (old_values * batch.loss_mask).float(),
         token_rewards=token_rewards,
         episode_rewards=torch.tensor([e.info["reward"] for e in episodes], dtype=torch.float32),
@@ -357,7 +373,9 @@ def update(
 ) -> dict[str, float]:
     """One gradient step on one minibatch; returns its losses and gradient norms."""
     p = cfg.ppo
-    logp, entropy, values = forward(models, mb.batch, cfg.generation.temperature)
+    kl_free = p.kl_unmasked and p.kl_in == "loss"
+    logp, entropy, values, free_logp = forward(models, mb.batch, cfg.generation.temperature,
+                                               kl_free)  # fmt: skip
     losses = ppo_losses(
         logp,
         mb.old_logp,
@@ -373,6 +391,7 @@ def update(
         value_clip=p.value_clip,
         ref_logp=mb.ref_logp if p.kl_in == "loss" else None,
         kl_estimator=p.kl_estimator,
+        kl_logp=free_logp,
     )
     loss = losses["policy_loss"] - p.entropy_coef * losses["entropy"]
     if "kl_loss" in losses:
@@ -602,7 +621,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             # f. metrics and checkpoint -----------------------------------------------------
             if p.kl_coef > 0:
                 kl = [
-                    masked_mean(kl_estimate(mb.old_logp, mb.ref_logp, p.kl_estimator), mb.mask)
+                    masked_mean(kl_estimate(mb.old_kl_logp, mb.ref_logp, p.kl_estimator), mb.mask)
                     for mb in minibatches
                 ]
                 metrics["kl"] = float(np.mean([float(k) for k in kl]))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -264,6 +264,13 @@ def token_logprobs_and_entropy(
     return torch.cat([zero, logp], 1), torch.cat([zero, entropy], 1)
 
 
+class PolicyOut(NamedTuple):
+    logp: torch.Tensor  # (batch, T): each token's log-prob as sampled (0 at position 0)
+    entropy: torch.Tensor  # (batch, T): the entropy there
+    hidden: torch.Tensor | None  # the last hidden state, with want_hidden
+    free_logp: torch.Tensor | None  # with free=True: logp without the skeleton's mask
+
+
 def policy_forward(
     model: torch.nn.Module,
     batch: Batch,
@@ -271,11 +278,14 @@ def policy_forward(
     want_hidden: bool = False,
     suppressed: Sequence[int] = (),
     skeleton: Skeleton | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(token log-probs, entropies, last hidden state or None) for a batch of episodes;
+    free: bool = False,
+) -> PolicyOut:
+    """Token log-probs and entropies of a batch of episodes, under the current weights;
     `suppressed`: the token ids sampling never gives (`ChatLayout.suppressed`);
     `skeleton`: the constrained decoding the batch's responses were sampled under (each
-    token's log-prob is then taken under the mask it was sampled with)."""
+    token's log-prob is then taken under the mask it was sampled with); `free`: also each
+    token's log-prob without that mask (what the policy writes by itself: a forced token
+    has log-prob 0 under the mask, but not here), from the same logits."""
     out = model(**batch.model_inputs(), use_cache=False, output_hidden_states=want_hidden)
     allowed = None
     if skeleton is not None and batch.skeleton_state is not None:
@@ -284,5 +294,12 @@ def policy_forward(
     logp, entropy = token_logprobs_and_entropy(
         out.logits, batch.input_ids, temperature, suppressed, allowed
     )
+    free_logp = None
+    if free:
+        free_logp = logp
+        if allowed is not None:
+            free_logp = token_logprobs_and_entropy(
+                out.logits, batch.input_ids, temperature, suppressed
+            )[0]
     hidden = out.hidden_states[-1] if want_hidden else None
-    return logp, entropy, hidden
+    return PolicyOut(logp, entropy, hidden, free_logp)

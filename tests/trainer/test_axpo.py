@@ -95,7 +95,7 @@ def test_an_all_wrong_group_is_resampled_with_the_sampling_log_probs(visenv_serv
         assert isinstance(policy, BranchPolicy) and policy.prefix_ids  # a reasoning prefix
         batch = collate(group, layout.pad_id, image_token_id)
         with torch.no_grad():
-            logp, _, _ = policy_forward(model, batch, TEMPERATURE)
+            logp = policy_forward(model, batch, TEMPERATURE).logp
         for row, ep in enumerate(group):
             assert ep.n_turns == 2 and len(ep.turn_rewards) == 2
             trained = [float(logp[row, i]) for i, m in enumerate(ep.loss_mask) if m]

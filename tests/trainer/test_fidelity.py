@@ -46,7 +46,7 @@ def test_changing_token_t_leaves_value_t_and_changes_value_t_plus_1(tiny_model_p
         batch = _ids_batch(ids)
         with torch.no_grad():
             if kind == "head":
-                _, _, hidden = policy_forward(model, batch, 1.0, want_hidden=True)
+                hidden = policy_forward(model, batch, 1.0, want_hidden=True).hidden
                 return critic(hidden=hidden)
             return critic(inputs=batch.model_inputs())
 
@@ -114,8 +114,8 @@ def test_grpo_with_kl_by_hand():
     for rows, rewards, seeds in (([0, 1], [3.0, 1.0], [7, 7]), ([2, 3], [2.0, 2.0], [8, 8])):
         m = mask[rows]
         batch = Batch(m, m, m, m * 0, m.float() * 0, None, None, -1)
-        mbs.append(Minibatch(batch, torch.zeros(2, 3), None, None, m.float() * 0,
-                             torch.tensor(rewards), torch.tensor(seeds)))  # fmt: skip
+        mbs.append(Minibatch(batch, torch.zeros(2, 3), None, torch.zeros(2, 3), None,
+                             m.float() * 0, torch.tensor(rewards), torch.tensor(seeds)))  # fmt: skip
     compute_advantages(cfg, mbs)
     # group 7: mean 2, std (unbiased) sqrt(2): A = +-1/sqrt(2); group 8: no spread, A = 0
     s = 2**-0.5

@@ -64,6 +64,18 @@ def test_round_two_differs_by_the_guard_alone(tmp_path):
         fg.jobs("full", tmp_path / "second", "skeleton", first)
 
 
+@pytest.mark.parametrize("guard", list(fg.GUARDS))
+def test_every_guards_jobs_parse_in_learn_frozenlake(tmp_path, guard):
+    """A job's command line is learn_frozenlake's own (a flag it lacks would fail the job
+    only when the queue reaches it, hours in)."""
+    from examples import learn_frozenlake as lf
+
+    for job in fg.jobs("full", tmp_path, guard):
+        args = lf.parser().parse_args(job.command("full")[2:])
+        assert args.skeleton == ("--skeleton" in fg.GUARDS[guard])
+        assert args.kl_unmasked == ("--kl-unmasked" in fg.GUARDS[guard])
+
+
 def test_finished_jobs_are_skipped(tmp_path, capsys):
     todo = fg.jobs("pilot", tmp_path)
     for job in todo:

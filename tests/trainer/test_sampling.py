@@ -48,7 +48,7 @@ def _teacher_forced(model, layout, policy: HFPolicy, temperature: float, suppres
     image_id = policy.image_token_id
     batch = collate([policy.episodes[k] for k in keys], layout.pad_id, image_id)
     with torch.no_grad():
-        logp, _, _ = policy_forward(model, batch, temperature, suppressed=suppressed)
+        logp = policy_forward(model, batch, temperature, suppressed=suppressed).logp
     sampled = torch.tensor([x for k in keys for turn in policy.logprobs[k] for x in turn])
     return logp[batch.loss_mask.bool()], sampled
 

@@ -7,6 +7,7 @@ and the answer. Over a real server, a whole PPO iteration answers only in the la
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -18,7 +19,7 @@ from env_server.reasoning.formats import SECTIONS, VAGEN_LAYOUTS, _split_section
 from examples import learn_frozenlake as lf
 from trainer.config import ConfigError, load_config
 from trainer.model import load_policy
-from trainer.ppo import train
+from trainer.ppo import Models, kl_estimate, make_minibatch, train, update
 from trainer.rollout import HFPolicy
 from trainer.skeleton import Skeleton, token_bytes
 from trainer.trajectory import ChatLayout, collate, policy_forward
@@ -151,9 +152,13 @@ def test_update_takes_logprobs_under_the_sampling_mask(tiny):
     eps = [policy.episodes[e] for e in range(3)]
     batch = collate(eps, layout.pad_id, 0)
     with torch.no_grad():
-        guarded, entropy, _ = policy_forward(model, batch, 0.7, suppressed=layout.suppressed,
-                                             skeleton=skeleton)  # fmt: skip
-        free, free_entropy, _ = policy_forward(model, batch, 0.7, suppressed=layout.suppressed)
+        out = policy_forward(model, batch, 0.7, suppressed=layout.suppressed, skeleton=skeleton,
+                             free=True)  # fmt: skip
+        free, free_entropy, _, _ = policy_forward(model, batch, 0.7, suppressed=layout.suppressed)
+    guarded, entropy = out.logp, out.entropy
+    # the unmasked log-probs (ppo.kl_unmasked's) come from the same pass, and are the
+    # policy's without the skeleton
+    assert torch.allclose(out.free_logp, free, atol=1e-6)
     for row, ep in enumerate(eps):
         agent = [i for i, m in enumerate(ep.loss_mask) if m]
         sampled = [lp for turn in policy.logprobs[row] for lp in turn]
@@ -201,6 +206,67 @@ def test_config_refuses_what_cannot_keep_the_mask(tmp_path):
     with pytest.raises(ConfigError, match="generation.skeleton"):
         load_config(None, [*base, "ppo.axpo=true", "ppo.group_size=2",
                            "ppo.episodes_per_iteration=2"])  # fmt: skip
+    assert load_config(None, [*base, "ppo.kl_unmasked=true"]).ppo.kl_unmasked
+    for what in (["ppo.kl_coef=0"], ["generation.skeleton=false"]):
+        with pytest.raises(ConfigError, match="ppo.kl_unmasked"):
+            load_config(None, [*base, "ppo.kl_unmasked=true", *what])
+
+
+def test_kl_unmasked_holds_the_policys_own_tags(tiny):
+    """Under the mask a forced token has log-prob 0 for the actor and the reference, so the
+    KL is 0 there and nothing holds the actor's own writing of the tags. ppo.kl_unmasked
+    takes the KL without the mask: it is > 0 on forced tokens once the actor has drifted,
+    and one update on it alone raises the actor's unmasked log-prob of those tokens."""
+    model, layout = tiny
+    skeleton = _skeleton(tiny, "grounding_worldmodeling")
+    reference = model
+    actor = copy.deepcopy(model).train()
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for w in actor.parameters():
+            w.add_(torch.randn_like(w) * 0.05)
+    torch.manual_seed(4)
+    policy = HFPolicy(actor, layout, temperature=1.0, max_new_tokens=40, batch_size=4,
+                      skeleton=skeleton)  # fmt: skip
+    policy([PolicyInput(episode=e, seed=e, turn=0, observation=_Obs(f"obs {e}"),
+                        system_prompt="S", history=[]) for e in range(2)])  # fmt: skip
+    episodes = [policy.episodes[e] for e in range(2)]
+    for e, ep in enumerate(episodes):
+        ep.info |= {"reward": 0.0, "seed": e}
+    base = ["env.servers=['a:1']", "model.path=m", "generation.skeleton=true",
+            "ppo.kl_coef=1", "ppo.kl_mode=loss", "ppo.kl_estimator=k3", "ppo.estimator=grpo",
+            "ppo.entropy_coef=0", "generation.temperature=1", "ppo.group_size=2",
+            "ppo.episodes_per_iteration=2"]  # fmt: skip
+    models = Models(actor, reference, None, layout, 0, skeleton)
+    batch = collate(episodes, layout.pad_id, 0)
+    allowed = skeleton.allowed(batch.skeleton_state[:, 1:], batch.skeleton_left[:, 1:])
+    forced = torch.zeros_like(batch.loss_mask, dtype=torch.bool)
+    forced[:, 1:] = (allowed.sum(-1) == 1) & batch.loss_mask[:, 1:].bool()
+    assert forced.sum() >= 10
+
+    def kl_on_forced(unmasked: bool) -> tuple[float, float]:
+        cfg = load_config(None, [*base, f"ppo.kl_unmasked={str(unmasked).lower()}"])
+        mb = make_minibatch(cfg, models, episodes, torch.device("cpu"))
+        kl = kl_estimate(mb.old_kl_logp, mb.ref_logp, "k3")
+        return float(kl[forced].sum()), float(kl[~forced & mb.mask.bool()].mean())
+
+    masked_forced, masked_rest = kl_on_forced(False)
+    assert masked_forced == 0.0 and masked_rest > 0  # the drift is seen only off the forced
+    unmasked_forced, _ = kl_on_forced(True)
+    assert unmasked_forced > 0
+
+    def own_tags() -> float:
+        with torch.no_grad():
+            free = policy_forward(actor, batch, 1.0, suppressed=layout.suppressed).logp
+        return float(free[forced].mean())
+
+    cfg = load_config(None, [*base, "ppo.kl_unmasked=true"])
+    mb = make_minibatch(cfg, models, episodes, torch.device("cpu"))
+    mb.advantages = torch.zeros_like(mb.old_logp)  # the KL alone moves the actor
+    before = own_tags()
+    stats = update(cfg, models, {"actor": torch.optim.SGD(actor.parameters(), lr=0.05)}, mb)
+    assert stats["kl_loss"] > 0
+    assert own_tags() > before
 
 
 def test_ppo_iteration_over_a_real_server_answers_only_in_the_layout(

@@ -60,10 +60,10 @@ def test_layout_masks_and_image_tokens(policy):
     short.turn_rewards = [1.0]
     batch = collate([ep, short], layout.pad_id, image_id)
     assert batch.input_ids.shape == (2, len(ep.input_ids))
-    logp, entropy, _ = policy_forward(model, batch, temperature=0.7)
+    logp, entropy, _, _ = policy_forward(model, batch, temperature=0.7)
     assert torch.isfinite(logp).all() and (logp[batch.loss_mask.bool()] < 0).all()
     # padding does not change a sequence's log-probs
-    alone = policy_forward(model, collate([short], layout.pad_id, image_id), temperature=0.7)[0]
+    alone = policy_forward(model, collate([short], layout.pad_id, image_id), temperature=0.7).logp
     n = len(short.input_ids)
     torch.testing.assert_close(logp[1, :n], alone[0], atol=1e-4, rtol=1e-4)
 
