@@ -258,10 +258,16 @@ def token_logprobs_and_entropy(
     one sampled from (`action_log_softmax`: temperature, suppressed tokens removed, and
     under constrained decoding only the tokens `allowed[:, t]` for token t + 1)."""
     logp_all = action_log_softmax(logits[:, :-1], temperature, suppressed, allowed)
-    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
-    zero = torch.zeros_like(logp[:, :1])
-    return torch.cat([zero, logp], 1), torch.cat([zero, entropy], 1)
+    return _at_tokens(logp_all, input_ids), torch.cat(
+        [torch.zeros_like(entropy[:, :1]), entropy], 1
+    )
+
+
+def _at_tokens(logp_all: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """The log-prob of each token t + 1 from position t's distribution, 0 at position 0."""
+    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return torch.cat([torch.zeros_like(logp[:, :1]), logp], 1)
 
 
 class PolicyOut(NamedTuple):
@@ -297,9 +303,8 @@ def policy_forward(
     free_logp = None
     if free:
         free_logp = logp
-        if allowed is not None:
-            free_logp = token_logprobs_and_entropy(
-                out.logits, batch.input_ids, temperature, suppressed
-            )[0]
+        if allowed is not None:  # no entropy: only the log-probs of the tokens are read
+            free_all = action_log_softmax(out.logits[:, :-1], temperature, suppressed)
+            free_logp = _at_tokens(free_all, batch.input_ids)
     hidden = out.hidden_states[-1] if want_hidden else None
     return PolicyOut(logp, entropy, hidden, free_logp)
