@@ -49,6 +49,7 @@ STREAM = "/bench.Floor/Calls"
 VARIANTS = ("grpc-unary", "grpc-stream", "rest", "websocket")
 TARGET_US = 350.0  # issue 44: <= 0.35 s of server CPU per 1,000 per-session env-steps
 STEP_BODY = json.dumps({"response": "<answer>Left</answer>", "step_index": 1}).encode()
+STEP_ARGS = {"warmup": 30, "trials": 3, "steps": 30}  # bench_transport's defaults
 REPLY = json.dumps({"session_id": "s-0", "step_index": 1, "reward": 0.0, "done": False}).encode()
 
 
@@ -198,9 +199,6 @@ async def run(args: argparse.Namespace) -> None:
         verdict = "under" if floor <= TARGET_US else "over"
         print(f"floor {kind:12} {statistics.median(us):4.0f} + {step:.0f} = {floor:4.0f} us per "
               f"per-session step ({floor / 1e3:.2f} s/1k): {verdict} the {TARGET_US:.0f} us target")  # fmt: skip
-
-
-STEP_ARGS = {"warmup": 30, "trials": 3, "steps": 30}  # bench_transport's defaults
 
 
 def main() -> None:
