@@ -166,7 +166,9 @@ class ResetBody(_Strict):
 
     model_config = _example({"seed": 8})
 
-    seed: Seed | None = Field(None, description="Unset: the session's previous seed + 1.")
+    seed: Seed | None = Field(
+        None, description="Unset: the session's previous seed + 1 (after 2**63 - 1: 0)."
+    )
     image_encoding: ImageEncoding | None = Field(None, description="Override for this reply.")
 
     def item(self, session_id: str) -> ResetItem:

@@ -32,7 +32,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from env_server.core import registry
-from env_server.core.env import Environment
+from env_server.core.env import SEED_LIMIT, Environment
 from env_server.core.types import (
     Action,
     EnvError,
@@ -301,7 +301,8 @@ class Worker:
     def _reset(self, message: Reset) -> SessionReply:
         session_id, seed = message.session_id, message.seed
         session = self._session(session_id)
-        session.seed = session.seed + 1 if seed is None else int(seed)
+        # unset: the next seed, past the last one (2**63 - 1) back to 0
+        session.seed = (session.seed + 1) % SEED_LIMIT if seed is None else int(seed)
         session.observe(session.env.reset(session.seed))
         session.episode += 1
         return self._reply(session_id, session, message.encoding, start=True)

@@ -321,6 +321,20 @@ def test_seed_errors_name_the_field(http):
     http.delete(f"/v1/sessions/{sid}")
 
 
+def test_reset_without_a_seed_after_the_last_seed_starts_again_at_0(http):
+    """An unset seed is the previous one + 1; past 2**63 - 1 that is 0, never a refusal
+    naming a seed the client did not send."""
+    top = http.post("/v1/sessions", json={"env": "sokoban", "seed": 2**63 - 1}).json()
+    sid = top["session_id"]
+    again = http.post(f"/v1/sessions/{sid}/reset", json={})
+    assert again.status_code == 200, again.text
+    first = http.post("/v1/sessions", json={"env": "sokoban", "seed": 0}).json()
+    for key in ("text", "ground_truth"):
+        assert again.json()["observation"][key] == first["observation"][key]
+    for s in (sid, first["session_id"]):
+        http.delete(f"/v1/sessions/{s}")
+
+
 def test_big_batch_in_pieces_while_other_sessions_are_served(start_visenv_server):
     """A batch whose whole time is several times the deadline goes through in pieces;
     the deadline never takes the busy worker for stuck, and another session's calls are
