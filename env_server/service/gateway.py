@@ -93,6 +93,7 @@ class _Server(Server):
     down_since: float | None = None  # monotonic time of the first failure in a row
     resolved: bool = True  # its address is among its name's current addresses
     limits: dict[str, Any] = field(default_factory=dict)  # as its Status said
+    ready: dict[str, bool] = field(default_factory=dict)  # per environment, as its Status said
 
     @property
     def up(self) -> bool:
@@ -253,6 +254,7 @@ class GatewayService:
         server.sessions = int(status.get("sessions", 0))
         server.draining = bool(status.get("draining", False))
         server.limits = status.get("limits") or {}
+        server.ready = {str(k): bool(v) for k, v in (status.get("ready") or {}).items()}
         for other in list(self.router.servers):
             if other is not server and other.node == node and not other.up and not other.pinned:
                 await self._drop(other)  # the node moved to a new address (a pod re-created)
@@ -463,12 +465,19 @@ class GatewayService:
                 HEALTH_PROBE_SECONDS,
             )
         servers = list(self.router.servers)  # sorted by address
+        up = [s for s in servers if s.up]
+        envs = sorted(set().union(*(s.envs or () for s in up)))
         now = time.monotonic()
         return {
-            "status": "ok" if any(s.up for s in servers) else "degraded",
+            "status": "ok" if up else "degraded",
             "role": "gateway",
-            "sessions": sum(s.sessions for s in servers if s.up),
-            "envs": sorted(set().union(*(s.envs or () for s in servers if s.up))),
+            # per environment: some upstream that is up serves it without a warm-up
+            "ready": {
+                e: any(s.ready.get(e, False) for s in up if e in (s.envs or ())) for e in envs
+            },
+            "limits": self.limits(),
+            "sessions": sum(s.sessions for s in up),
+            "envs": envs,
             "upstreams": [
                 {
                     "address": s.address,

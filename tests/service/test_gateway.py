@@ -36,6 +36,11 @@ def test_gateway_routes_each_env_to_its_family_and_passes_steps_through(family_s
         assert envs["sokoban"]["available"] and envs["frozenlake"]["available"]
         health = http.get("/health").json()
         assert health["role"] == "gateway" and health["envs"] == ["frozenlake", "sokoban"]
+        # docs/wire.md: /health publishes the limits (the upstreams' strictest, as
+        # /v1/limits) and, per environment, whether it is served without a warm-up
+        assert health["limits"] == http.get("/v1/limits").json()
+        assert health["limits"]["max_batch_items"] > 0
+        assert health["ready"] == {"frozenlake": True, "sokoban": True}
 
         made = http.post(
             "/v1/batch/create",
