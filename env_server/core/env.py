@@ -28,7 +28,7 @@ import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -88,6 +88,13 @@ class StatePrompt:
             observation=env.describe(before, representation),
             prediction=env.describe(after, representation),
         )
+
+
+# Every reward option a session may set (an environment's config, the reasoning options):
+# a finite number within +-REWARD_LIMIT, so that no sum of a turn's or an episode's parts
+# can overflow into a reply that can't be written (a NaN or an infinity)
+REWARD_LIMIT = 1e6
+Reward = Annotated[float, Field(ge=-REWARD_LIMIT, le=REWARD_LIMIT, allow_inf_nan=False)]
 
 
 class EnvConfig(BaseModel):

@@ -17,6 +17,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from env_server.core.env import REWARD_LIMIT
+
 
 class JudgeConfig(BaseModel):
     """An OpenAI-compatible chat-completions endpoint used as the world-model judge.
@@ -32,12 +34,18 @@ class JudgeConfig(BaseModel):
     api_key_env: str = Field("OPENAI_API_KEY", description="Env var holding the API key.")
     temperature: float = Field(0.1, ge=0.0, le=2.0)
     max_tokens: int = Field(500, ge=1, le=8192)
-    timeout_s: float = Field(15.0, gt=0, description="Timeout of one request.")
+    timeout_s: float = Field(15.0, gt=0, le=600, description="Timeout of one request.")
     max_retries: int = Field(3, ge=0, le=10, description="Retries after the first attempt.")
-    retry_wait_s: float = Field(0.5, ge=0, description="First back-off wait; doubles per retry.")
+    retry_wait_s: float = Field(
+        0.5, ge=0, le=60, description="First back-off wait; doubles per retry."
+    )
     max_concurrency: int = Field(10, ge=1, le=1000, description="Requests in flight at once.")
-    requests_per_second: float = Field(20.0, gt=0, description="Rate limit over all requests.")
-    cache_size: int = Field(10_000, ge=0, description="Cached verdicts keyed by (state, text).")
+    requests_per_second: float = Field(
+        20.0, ge=0.01, le=100_000, description="Rate limit over all requests."
+    )
+    cache_size: int = Field(
+        10_000, ge=0, le=1_000_000, description="Cached verdicts keyed by (state, text)."
+    )
 
     @field_validator("base_url")
     @classmethod
@@ -58,7 +66,9 @@ class GuardConfig(BaseModel):
     top_k: int = Field(5, ge=1, description="How many of the most frequent responses are watched.")
     window: int = Field(1000, ge=1, description="How many distinct responses are counted.")
     threshold: float = Field(0.7, ge=0.0, le=1.0, description="Scores below this are penalised.")
-    penalty: float = Field(0.1, ge=0.0, description="Amount subtracted from the turn's reward.")
+    penalty: float = Field(
+        0.1, ge=0.0, le=REWARD_LIMIT, description="Amount subtracted from the turn's reward."
+    )
     min_count: int = Field(2, ge=1, description="A response must be seen this often to count.")
 
     @model_validator(mode="after")
@@ -90,9 +100,15 @@ class ReasoningConfig(BaseModel):
         True, description="Whether the system prompt ends with an example response."
     )
 
-    format_reward: float = Field(0.5, ge=0.0, description="Reward for a well-formed, valid turn.")
-    beta_s: float = Field(0.5, ge=0.0, description="Weight of the observation (state) score.")
-    beta_w: float = Field(0.5, ge=0.0, description="Weight of the prediction (world-model) score.")
+    format_reward: float = Field(
+        0.5, ge=0.0, le=REWARD_LIMIT, description="Reward for a well-formed, valid turn."
+    )
+    beta_s: float = Field(
+        0.5, ge=0.0, le=REWARD_LIMIT, description="Weight of the observation (state) score."
+    )
+    beta_w: float = Field(
+        0.5, ge=0.0, le=REWARD_LIMIT, description="Weight of the prediction (world-model) score."
+    )
     grader: Literal["rule", "judge", "hybrid"] = "rule"
     judge: JudgeConfig | None = None
     judge_fallback: bool = Field(True, description="Use the rule-based score when the judge fails.")

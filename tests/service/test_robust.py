@@ -321,6 +321,37 @@ def test_seed_errors_name_the_field(http):
     http.delete(f"/v1/sessions/{sid}")
 
 
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        ({"config": {"step_reward": 1e308}}, "config.step_reward"),
+        ({"config": {"solved_reward": -1e7}}, "config.solved_reward"),
+        ({"reasoning": {"format_reward": 1e308}}, "reasoning.format_reward"),
+        ({"reasoning": {"beta_s": 1e300, "beta_w": 1e300}}, "reasoning.beta_s"),
+    ],
+)
+def test_reward_options_that_could_overflow_are_refused_at_create(http, options, field):
+    """Each reward option is finite and within +-REWARD_LIMIT (1e6): one that a turn's sum
+    would overflow is refused when the session is made, naming it, never a 500 at a step."""
+    before = http.get("/health").json()["sessions"]
+    error = check_error(
+        post(http, "/v1/sessions", {"env": "sokoban", "format": "no_think", **options})
+    )
+    assert error["code"] == "INVALID_ARGUMENT" and error["field"] == field, error
+    assert http.get("/health").json()["sessions"] == before
+    # the largest allowed values step without an error
+    big = {k: {n: 1e6 for n in v} for k, v in options.items()}
+    made = post(http, "/v1/sessions", {"env": "sokoban", "format": "no_think", **big})
+    assert made.status_code == 200, made.text
+    sid = made.json()["session_id"]
+    step = http.post(
+        f"/v1/sessions/{sid}/step",
+        json={"step_index": 0, "response": "<answer>Left, Right</answer>"},
+    )
+    assert step.status_code == 200, step.text
+    http.delete(f"/v1/sessions/{sid}")
+
+
 def test_reset_without_a_seed_after_the_last_seed_starts_again_at_0(http):
     """An unset seed is the previous one + 1; past 2**63 - 1 that is 0, never a refusal
     naming a seed the client did not send."""

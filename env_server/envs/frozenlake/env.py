@@ -30,7 +30,7 @@ from env_server.core import (
     ResponseFormat,
     Transition,
 )
-from env_server.core.env import no_episode, unknown_action
+from env_server.core.env import Reward, no_episode, unknown_action
 from env_server.core.spatial import GradingSpec, grid_relation, grid_sentence
 
 from . import render
@@ -69,7 +69,7 @@ class FrozenLakeConfig(EnvConfig):
     p: float = Field(
         0.8, ge=0.6, le=1.0, description="Probability that a generated cell is frozen (not a hole)."
     )
-    success_reward: float = Field(10.0, description="Reward for reaching the goal.")
+    success_reward: Reward = Field(10.0, description="Reward for reaching the goal.")
     max_actions_per_turn: int = Field(3, ge=1, le=20, description="Most moves one turn may hold.")
     image_size: int | None = Field(
         None,

@@ -33,7 +33,7 @@ from env_server.core import (
     StatePrompt,
     Transition,
 )
-from env_server.core.env import no_episode, unknown_action
+from env_server.core.env import Reward, no_episode, unknown_action
 from env_server.core.spatial import GradingSpec
 
 from . import geometry, grading, oracle
@@ -68,7 +68,7 @@ class NavigationConfig(EnvConfig):
     max_actions_per_episode: int = Field(
         30, ge=1, le=500, description="Actions before the episode is truncated."
     )
-    success_reward: float = Field(SUCCESS_REWARD, description="Reward for reaching the target.")
+    success_reward: Reward = Field(SUCCESS_REWARD, description="Reward for reaching the target.")
     success_distance: float = Field(
         1.5, gt=0, le=10, description="Success radius around the target, metres, floor plane."
     )

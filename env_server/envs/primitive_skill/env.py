@@ -39,7 +39,7 @@ from env_server.core import (
     StatePrompt,
     Transition,
 )
-from env_server.core.env import no_episode
+from env_server.core.env import Reward, no_episode
 from env_server.core.spatial import GradingSpec
 
 from . import grading
@@ -57,7 +57,7 @@ class PrimitiveSkillConfig(EnvConfig):
     )
     image_size: int = Field(300, ge=64, le=1024, description="Side of the square camera image.")
     max_primitives: int = Field(10, ge=1, le=50, description="Executed primitives per episode.")
-    success_reward: float = Field(
+    success_reward: Reward = Field(
         0.0, description="A bonus on the turn the task succeeds (VAGEN main's success_reward)."
     )
 

@@ -24,7 +24,7 @@ from env_server.core import (
     ResponseFormat,
     Transition,
 )
-from env_server.core.env import no_episode, unknown_action
+from env_server.core.env import Reward, no_episode, unknown_action
 from env_server.core.spatial import GradingSpec, grid_relation, grid_sentence
 
 from . import render
@@ -63,10 +63,12 @@ class SokobanConfig(EnvConfig):
     )
     tile_size: int = Field(16, ge=4, le=64, description="Pixels per cell side in the image.")
     max_actions_per_turn: int = Field(3, ge=1, le=20, description="Most moves one turn may hold.")
-    step_reward: float = Field(-0.1, description="Reward of every executed move.")
-    box_on_target_reward: float = Field(1.0, description="Reward for pushing a box onto a target.")
-    box_off_target_reward: float = Field(-1.0, description="Reward for pushing a box off a target.")
-    solved_reward: float = Field(10.0, description="Bonus when every box is on a target.")
+    step_reward: Reward = Field(-0.1, description="Reward of every executed move.")
+    box_on_target_reward: Reward = Field(1.0, description="Reward for pushing a box onto a target.")
+    box_off_target_reward: Reward = Field(
+        -1.0, description="Reward for pushing a box off a target."
+    )
+    solved_reward: Reward = Field(10.0, description="Bonus when every box is on a target.")
 
     # field validators (not a model validator) so that the error's loc names a field;
     # each checks against fields declared before it, which pydantic has validated already
