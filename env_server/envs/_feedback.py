@@ -57,7 +57,8 @@ class FeedbackConfig(EnvConfig):
         DEFAULT_PHRASE,
         min_length=1,
         max_length=500,
-        description="The whole observation after a wrong answer under unary feedback.",
+        description="The environment's whole observation after a wrong answer under unary "
+        "feedback (a session adds the format reminder it adds to every observation).",
     )
     reward_decay: float = Field(
         0.8,
