@@ -121,14 +121,25 @@ def no_episode() -> EnvError:
     return EnvError(NO_EPISODE, "FAILED_PRECONDITION")
 
 
+# A refusal in `invalid_actions` names what it refuses, but never echoes a long input
+# whole: a reply (and the copy a session keeps of it) stays small whatever was sent
+SHOWN_NAME = 80  # characters of an action's name in a refusal
+MAX_REFUSAL = 1000  # characters of one invalid_actions entry
+
+
+def shown(text: str, limit: int = SHOWN_NAME) -> str:
+    """`text` as a refusal names it: whole up to `limit` characters, else its start and length."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def over_limit(action: Action, limit: int) -> str:
     """The refusal of an action past the per-turn limit."""
-    return f"{action.name}: over the limit of {limit} actions per turn"
+    return f"{shown(action.name)}: over the limit of {limit} actions per turn"
 
 
 def unknown_action(action: Action, space: ActionSpace) -> str:
     """The refusal of an action whose name is not in the action space."""
-    return f"{action.name}: unknown action; use one of {', '.join(space.names)}"
+    return f"{shown(action.name)}: unknown action; use one of {', '.join(space.names)}"
 
 
 # The one seed rule of every environment: an integer in [0, SEED_LIMIT) (booleans and
@@ -264,6 +275,7 @@ class Environment(ABC):
         self.refused = [over_limit(a, limit) for a in actions[limit:]]
         transition = self._apply(list(actions[:limit]))
         transition.invalid_actions.extend(self.refused)
+        transition.invalid_actions[:] = [shown(m, MAX_REFUSAL) for m in transition.invalid_actions]
         if not transition.terminated and self.turn >= self.config.max_turns:
             transition.truncated = True
         if transition.terminated or transition.truncated:

@@ -352,6 +352,22 @@ def test_reward_options_that_could_overflow_are_refused_at_create(http, options,
     http.delete(f"/v1/sessions/{sid}")
 
 
+def test_a_long_invalid_action_is_named_not_echoed_whole(http):
+    """A refusal names what it refuses by its start and length: 16 actions of 100 KB make
+    a reply of a few KB, not 1.6 MB (and the session keeps no more than that)."""
+    sid = http.post("/v1/sessions", json={"env": "sokoban", "seed": 1}).json()["session_id"]
+    names = [c * 100_000 for c in "abcdefghijklmnop"]
+    step = {"step_index": 0, "actions": [{"name": n} for n in names]}
+    reply = http.post(f"/v1/sessions/{sid}/step", json=step)
+    assert reply.status_code == 200, reply.text[:300]
+    refused = reply.json()["info"]["invalid_actions"]
+    assert len(refused) == 16 and all("(100000 characters)" in r for r in refused), refused[:2]
+    assert refused[0].startswith("a" * 80 + "...") and "unknown action" in refused[0]
+    assert len(reply.content) < 20_000
+    assert len(http.get(f"/v1/sessions/{sid}").content) < 20_000
+    http.delete(f"/v1/sessions/{sid}")
+
+
 def test_reset_without_a_seed_after_the_last_seed_starts_again_at_0(http):
     """An unset seed is the previous one + 1; past 2**63 - 1 that is 0, never a refusal
     naming a seed the client did not send."""
