@@ -10,8 +10,15 @@
     nice -n 19 .venv/bin/python examples/format_grid.py --budget pilot --out runs/format-pilot
     # round two: the same grid under the skeleton guard, every arm from the first
     # grid's warm-up of its seed (so the two grids differ by the guard alone)
-    nice -n 19 .venv/bin/python examples/format_grid.py --guard skeleton \
+    nice -n 19 .venv/bin/python examples/format_grid.py --guard skeleton \\
         --warm-ups runs/format-grid --out runs/format-grid-skeleton --jobs 2
+    # the estimators on no_think, round two's way (each in runs/format-grid-estimators/<e>/),
+    # then one of them against round two's bi_level, seed by seed
+    nice -n 19 .venv/bin/python examples/format_grid.py --guard skeleton \\
+        --warm-ups runs/format-grid --arms no_think --estimators gae turn_wise grpo \\
+        --out runs/format-grid-estimators --jobs 2
+    .venv/bin/python examples/format_grid.py --out runs/format-grid-estimators/gae \\
+        --merge-only --compare runs/format-grid-skeleton
 
 Each job is one `examples/learn_frozenlake.py` process: one arm, one training seed, its
 warm-up, PPO (bi_level) and the greedy and sampled evaluation of both on the held-out
@@ -57,6 +64,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,7 +96,10 @@ ARMS: dict[str, dict[str, Any]] = {  # flags of each arm; `warm_up_from`: whose 
     },
 }
 WORLD_MODEL_ARMS = ("grounding_worldmodeling", "gwm_wm0")
-PPO_ARM = "bi_level"
+PPO_ARM = "bi_level"  # the grid's advantage estimator
+# `--estimators`: the same jobs with another estimator (learn_frozenlake's arms), each in
+# `<out>/<estimator>/`; `--compare` with the bi_level grid pairs them seed by seed
+ESTIMATORS = ("bi_level", "gae", "turn_wise", "grpo")
 GUARDS = {  # the format guard, every arm
     "penalty": ["--invalid-penalty", "2"],  # the first grid (2026-12-06)
     "skeleton": ["--invalid-penalty", "2", "--skeleton"],  # round two: tags decoded constrained
@@ -98,7 +109,7 @@ GUARDS = {  # the format guard, every arm
 GUARD_HOLDS = 0.95  # the issue's bar: greedy valid answers after PPO, on every seed
 TASK = ["--variants", "natural", "--max-turns", "6", "--per-turn", "1", "--p", "0.9",
         "--hidden", "64", "--layers", "2", "--warm-up-policy", "oracle", "--no-system-prompt",
-        "--demo-levels", "1024", "--eval-levels", "100", "--probe-arms", PPO_ARM]  # fmt: skip
+        "--demo-levels", "1024", "--eval-levels", "100"]  # fmt: skip
 WARM_UP_RULE = ["--validation-levels", "100", "--warmup-check-every", "50",
                 "--warmup-stop-toward", "0.7", "--warmup-stop-valid", "0.95",
                 "--warmup-steps", "1500", "--warmup-lr", "3e-3"]  # fmt: skip
@@ -123,10 +134,13 @@ class Job:
     out: Path  # the grid's folder
     guard: str = "penalty"  # an entry of GUARDS
     warm_ups: Path | None = None  # a finished grid whose warm-ups every arm starts from
+    estimator: str = PPO_ARM  # an entry of ESTIMATORS
 
     @property
     def name(self) -> str:
-        return f"{self.arm}-{self.seed}"
+        """`<arm>-<seed>`, under `<estimator>/` for another estimator than the grid's."""
+        name = f"{self.arm}-{self.seed}"
+        return name if self.estimator == PPO_ARM else f"{self.estimator}/{name}"
 
     @property
     def result(self) -> Path:
@@ -138,7 +152,7 @@ class Job:
         source = ARMS[self.arm].get("warm_up_from")
         if source is None or self.warm_ups is not None:
             return None
-        return Job(source, self.seed, self.out, self.guard)
+        return Job(source, self.seed, self.out, self.guard, estimator=self.estimator)
 
     def warm_up(self) -> Path | None:
         """The warm-up this job loads instead of building its own, if any."""
@@ -147,12 +161,14 @@ class Job:
             arm = source or self.arm
             return self.warm_ups / f"{arm}-{self.seed}" / f"natural-{self.seed}" / "warm"
         if source is not None:
-            return self.out / f"{source}-{self.seed}" / f"natural-{self.seed}" / "warm"
+            job = Job(source, self.seed, self.out, estimator=self.estimator)
+            return self.out / job.name / f"natural-{self.seed}" / "warm"
         return None
 
     def command(self, budget: str) -> list[str]:
         b = BUDGETS[budget]
-        cmd = [sys.executable, str(Path(lf.__file__)), *TASK, *WARM_UP_RULE, *PPO,
+        cmd = [sys.executable, str(Path(lf.__file__)), *TASK, "--probe-arms", self.estimator,
+               *WARM_UP_RULE, *PPO,
                *GUARDS[self.guard], "--split-seeds", *map(str, SEEDS), *b["flags"],
                *ARMS[self.arm]["flags"], "--seeds", str(self.seed),
                "--out", str(self.out / self.name),
@@ -163,11 +179,13 @@ class Job:
         return cmd
 
 
-def jobs(budget: str, out: Path, guard: str = "penalty", warm_ups: Path | None = None) -> list[Job]:
-    """Seed by seed, every arm of a seed before the next seed: a grid cut short holds
-    whole seeds (every arm), and a job's warm-up source always comes before it."""
+def jobs(budget: str, out: Path, guard: str = "penalty", warm_ups: Path | None = None,
+         arms: Sequence[str] = tuple(ARMS), estimators: Sequence[str] = (PPO_ARM,)) -> list[Job]:  # fmt: skip
+    """Seed by seed, every arm (and estimator) of a seed before the next seed: a grid cut
+    short holds whole seeds, and a job's warm-up source always comes before it."""
     seeds = BUDGETS[budget]["seeds"]
-    found = [Job(arm, seed, out, guard, warm_ups) for seed in seeds for arm in ARMS]
+    found = [Job(arm, seed, out, guard, warm_ups, est)
+             for seed in seeds for est in estimators for arm in arms]  # fmt: skip
     missing = [str(w) for j in found if (w := j.warm_up()) is not None and warm_ups is not None
                and not (w / "config.json").exists()]  # fmt: skip
     if missing:
@@ -175,9 +193,15 @@ def jobs(budget: str, out: Path, guard: str = "penalty", warm_ups: Path | None =
     return found
 
 
-def finished(report: dict[str, Any], seed: int) -> bool:
+def finished(report: dict[str, Any], seed: int, estimator: str = PPO_ARM) -> bool:
     runs = report.get("runs", {}).get("natural", {})
-    return all(str(seed) in runs.get(arm, {}) for arm in ("warm-up", PPO_ARM))
+    return all(str(seed) in runs.get(arm, {}) for arm in ("warm-up", estimator))
+
+
+def estimator_of(report: dict[str, Any]) -> str:
+    """The estimator a finished report's PPO ran: its one run beside the warm-up."""
+    (name,) = (k for k in report["runs"]["natural"] if k != "warm-up")
+    return name
 
 
 def behind(nice: int) -> None:
@@ -223,7 +247,7 @@ def run_queue(todo: list[Job], budget: str, parallel: int, nice: int) -> list[st
                     print(f"{job.name}: not run ({dep.name} failed)", flush=True)
                 elif dep is None or dep.result.exists():
                     pending.remove(job)
-                    job.out.mkdir(parents=True, exist_ok=True)
+                    job.result.parent.mkdir(parents=True, exist_ok=True)
                     log = job.out / f"{job.name}.log"
                     with open(log, "w") as f:  # the child keeps its own copy open
                         proc = subprocess.Popen(job.command(budget), stdout=f,
@@ -241,10 +265,10 @@ def run_queue(todo: list[Job], budget: str, parallel: int, nice: int) -> list[st
                 del running[name]
                 partial = job.out / f"{name}.partial.json"
                 report = json.loads(partial.read_text()) if partial.exists() else {}
-                if proc.returncode == 0 and finished(report, job.seed):
+                if proc.returncode == 0 and finished(report, job.seed, job.estimator):
                     partial.rename(job.result)
                     print(f"{name}: done in {time.time() - t0:.0f} s", flush=True)
-                    merge(job.out, budget, quiet=True)
+                    merge(job.result.parent, budget, quiet=True)
                 else:
                     failed.append(name)
                     print(f"{name}: failed (exit {proc.returncode}; see its log)", flush=True)
@@ -285,7 +309,7 @@ def arm_summary(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
     seeds = sorted(by_seed)
     runs = [by_seed[s]["runs"]["natural"] for s in seeds]
     warm = [r["warm-up"][str(s)] for r, s in zip(runs, seeds, strict=True)]
-    ppo = [r[PPO_ARM][str(s)] for r, s in zip(runs, seeds, strict=True)]
+    ppo = [r[estimator_of(by_seed[s])][str(s)] for r, s in zip(runs, seeds, strict=True)]
 
     def of(rows, key, sub=None):
         vals = [(x["eval"][sub] if sub else x["eval"]).get(key) for x in rows]
@@ -391,12 +415,14 @@ def table(grid: dict[str, Any]) -> str:
 def paired(a: dict[int, dict[str, Any]], b: dict[int, dict[str, Any]],
            what: list[tuple[str, str, str, str | None]]) -> dict[str, Any] | None:  # fmt: skip
     """`a`'s reports minus `b`'s, seed by seed on the seeds both finished, for each
-    (name, phase, key, sub) of `what`: the evaluation's `key` (under `sub`) after `phase`."""
+    (name, phase, key, sub) of `what`: the evaluation's `key` (under `sub`) after `phase`
+    ("warm-up", or "ppo": each report's own estimator)."""
     seeds = sorted(set(a) & set(b))
     if not seeds:
         return None
 
     def value(report: dict[str, Any], seed: int, phase: str, key: str, sub: str | None) -> float:
+        phase = estimator_of(report) if phase == "ppo" else phase
         ev = report["runs"]["natural"][phase][str(seed)]["eval"]
         return float((ev[sub] if sub else ev)[key])
 
@@ -410,10 +436,10 @@ def world_model_reward(found: dict[str, dict[int, dict[str, Any]]]) -> dict[str,
     """The reward's effect alone: after PPO, the arm with it minus the arm without, seed by
     seed (both start from the same warm-up), where both have finished."""
     on, off = (found.get(arm, {}) for arm in WORLD_MODEL_ARMS)
-    return paired(on, off, [("greedy", PPO_ARM, "success_rate", None),
-                            ("sampled", PPO_ARM, "success_rate", "sampled"),
-                            ("observation_score", PPO_ARM, "observation_score", None),
-                            ("prediction_score", PPO_ARM, "prediction_score", None)])  # fmt: skip
+    return paired(on, off, [("greedy", "ppo", "success_rate", None),
+                            ("sampled", "ppo", "success_rate", "sampled"),
+                            ("observation_score", "ppo", "observation_score", None),
+                            ("prediction_score", "ppo", "prediction_score", None)])  # fmt: skip
 
 
 def paired_with(found: dict[str, dict[int, dict[str, Any]]],
@@ -422,8 +448,8 @@ def paired_with(found: dict[str, dict[int, dict[str, Any]]],
     guard's effect), arm by arm and seed by seed, where both have finished: PPO greedy
     success and valid answers, and the warm-up's greedy success (the same model decoded
     two ways: what the guard changes at evaluation alone)."""
-    what = [("ppo_greedy", PPO_ARM, "success_rate", None),
-            ("ppo_valid", PPO_ARM, "valid_answer_rate", None),
+    what = [("ppo_greedy", "ppo", "success_rate", None),
+            ("ppo_valid", "ppo", "valid_answer_rate", None),
             ("warm_up_greedy", "warm-up", "success_rate", None)]  # fmt: skip
     rows = {arm: paired(found.get(arm, {}), before.get(arm, {}), what) for arm in ARMS}
     return {arm: row for arm, row in rows.items() if row is not None}
@@ -530,15 +556,24 @@ def main() -> None:
     ap.add_argument("--merge-only", action="store_true", help="only write the table and plot")
     ap.add_argument("--table", type=Path, default=None, help="also write the table here")
     ap.add_argument("--plot", type=Path, default=None, help="also write the plot here")
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS),
+                    help="the arms to run (default all)")  # fmt: skip
+    ap.add_argument("--estimators", nargs="+", choices=ESTIMATORS, default=[PPO_ARM],
+                    help="advantage estimators (default bi_level, the grid's); another's jobs "
+                    "go to <out>/<estimator>/, merged there")  # fmt: skip
     ap.add_argument("--compare", type=Path, default=None,
                     help="another grid on the same warm-ups (round two: the first grid): "
                     "its numbers subtracted seed by seed")  # fmt: skip
     args = ap.parse_args()
+    if len(args.estimators) > 1 and (args.table or args.plot):
+        ap.error("--table and --plot take one estimator's grid: merge each with --merge-only")
     failed: list[str] = []
     if not args.merge_only:
-        todo = jobs(args.budget, args.out, args.guard, args.warm_ups)
+        todo = jobs(args.budget, args.out, args.guard, args.warm_ups, args.arms, args.estimators)
         failed = run_queue(todo, args.budget, args.jobs, args.nice)
-    merge(args.out, args.budget, args.table, args.plot, compare=args.compare)
+    for est in args.estimators:
+        out = args.out if est == PPO_ARM else args.out / est
+        merge(out, args.budget, args.table, args.plot, compare=args.compare)
     if failed:
         raise SystemExit(f"failed: {', '.join(failed)}")
 

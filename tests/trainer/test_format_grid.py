@@ -24,7 +24,7 @@ def test_every_arm_of_a_seed_runs_before_the_next_seed(tmp_path):
 
 def test_arms_share_the_seeds_rule_budget_and_held_out_split(tmp_path):
     commands = {j.arm: j.command("full") for j in fg.jobs("full", tmp_path) if j.seed == 1}
-    common = [*fg.TASK, *fg.WARM_UP_RULE, *fg.PPO, *fg.GUARDS["penalty"], "--split-seeds", "0", "1", "2", "3",
+    common = [*fg.TASK, "--probe-arms", "bi_level", *fg.WARM_UP_RULE, *fg.PPO, *fg.GUARDS["penalty"], "--split-seeds", "0", "1", "2", "3",
               *fg.BUDGETS["full"]["flags"]]  # fmt: skip
     for cmd in commands.values():
         assert cmd[2 : 2 + len(common)] == common
@@ -74,6 +74,52 @@ def test_every_guards_jobs_parse_in_learn_frozenlake(tmp_path, guard):
         args = lf.parser().parse_args(job.command("full")[2:])
         assert args.skeleton == ("--skeleton" in fg.GUARDS[guard])
         assert args.kl_unmasked == ("--kl-unmasked" in fg.GUARDS[guard])
+
+
+def test_the_estimators_differ_from_the_grid_by_the_estimator_alone(tmp_path):
+    """--estimators: each job is the grid's job with another estimator, named apart (the
+    queue tells jobs by name) and written to <out>/<estimator>/, seed by seed."""
+    from examples import learn_frozenlake as lf
+
+    grid = {j.name: j.command("full") for j in fg.jobs("full", tmp_path, "skeleton")}
+    others = fg.jobs("full", tmp_path, "skeleton", arms=["no_think"], estimators=["gae", "grpo"])
+    assert [j.name for j in others[:4]] == ["gae/no_think-0", "grpo/no_think-0", "gae/no_think-1",
+                                            "grpo/no_think-1"]  # fmt: skip
+    assert len({j.name for j in others}) == len(others) == 2 * len(fg.SEEDS)
+    for job in others:
+        cmd = job.command("full")
+        assert lf.parser().parse_args(cmd[2:]).probe_arms == [job.estimator]
+        assert job.result == tmp_path / job.estimator / f"no_think-{job.seed}.json"
+        assert cmd[cmd.index("--json") + 1] == str(
+            tmp_path / job.estimator / f"no_think-{job.seed}.partial.json"
+        )
+        plain = grid[f"no_think-{job.seed}"]
+        differ = [(a, b) for a, b in zip(cmd, plain, strict=True) if a != b]
+        assert differ == [(job.estimator, "bi_level"),
+                          *[(str(p), str(p).replace(f"/{job.estimator}/", "/")) for p in (
+                              tmp_path / job.estimator / f"no_think-{job.seed}",
+                              tmp_path / job.estimator / f"no_think-{job.seed}.partial.json")]]  # fmt: skip
+
+
+def test_an_estimators_grid_merges_against_the_bi_level_one(tmp_path):
+    """A report of another estimator is read by its own run (not bi_level's), and
+    --compare pairs it with the grid's bi_level seed by seed."""
+    levels = {"held_out": 100, "held_out_first": 7}
+    first, gae = tmp_path, tmp_path / "gae"
+    gae.mkdir()
+    for seed, (bi, other) in {0: (0.3, 0.5), 1: (0.4, 0.3)}.items():
+        (first / f"no_think-{seed}.json").write_text(
+            json.dumps(_report(seed, 0.2, bi, 1.0, levels))
+        )
+        report = _report(seed, 0.2, other, 1.0, levels)
+        report["runs"]["natural"]["gae"] = report["runs"]["natural"].pop("bi_level")
+        (gae / f"no_think-{seed}.json").write_text(json.dumps(report))
+    grid = fg.merge(gae, "full", quiet=True, compare=first)
+    assert grid["arms"]["no_think"]["ppo"]["greedy"]["per_seed"] == pytest.approx([0.5, 0.3])
+    assert grid["compared"]["arms"]["no_think"]["ppo_greedy"]["per_seed"] == pytest.approx(
+        [0.2, -0.1]
+    )
+    assert fg.finished(report, 1, "gae") and not fg.finished(report, 1)
 
 
 def test_finished_jobs_are_skipped(tmp_path, capsys):
