@@ -163,6 +163,11 @@ def test_remote_errors_auth_config_capacity(servers):
     value = post_multipart(base + "/connect", {"env_config": {"size": 99}},
                            params={"token": TOKEN})  # fmt: skip
     assert value.status_code == 400 and "size" in value.json()["error"]["message"]
+    for not_an_object in ([], 0, "", [1]):  # never read as the defaults
+        refused = post_multipart(base + "/connect", {"env_config": not_an_object},
+                                 params={"token": TOKEN})  # fmt: skip
+        assert refused.status_code == 400, (not_an_object, refused.text)
+        assert refused.json()["error"]["field"] == "env_config"
     form = httpx.post(base + "/connect", content=b"{not json", params={"token": TOKEN},
                       headers={"content-type": "multipart/form-data; boundary=x"})  # fmt: skip
     assert form.status_code == 400

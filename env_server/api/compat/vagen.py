@@ -171,7 +171,8 @@ def vagen_router(service: SessionService, table: IdTable) -> APIRouter:
             if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
                 raise ServiceError("INVALID_ARGUMENT", "seed must be an integer", "seed")
             fields = set(service.env_specs[env].config_schema.get("properties", {}))
-            options = main_session_options(env, data.get("env_config") or {}, fields, seed)
+            config = data.get("env_config")  # absent or null: the defaults; [] or 0 is refused
+            options = main_session_options(env, {} if config is None else config, fields, seed)
             if table.room() <= 0:
                 raise full_error(table)
         except ServiceError as error:
