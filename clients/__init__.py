@@ -13,7 +13,7 @@ Clients (same methods; the sync one runs the async one on a background thread)
     .create(SessionOptions | [SessionOptions]) -> [SessionReply]
     .reset(session_ids, seeds=None) -> [SessionReply]
     .step(session_ids, responses) -> [SessionReply]         step_index is tracked for you
-    .step_actions(session_ids, [[ActionSpec]]) -> [SessionReply]
+    .step_actions(session_ids, [[ActionSpec or name]]) -> [SessionReply]
     .get(session_ids) -> [SessionReply]                     current observation, applies nothing
     .close(session_ids) -> [None | VisenvError]
     .attach(session_id, server) -> SessionReply             adopt a session made elsewhere

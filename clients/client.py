@@ -43,6 +43,24 @@ T = TypeVar("T")
 TOKEN_ENV_VAR = "VISENV_TOKEN"
 
 
+def _action_list(n: int, actions: Any) -> tuple[ActionSpec, ...]:
+    """Session n's actions as ActionSpecs (a name stands for ActionSpec(name)); a string
+    or a lone action where the list belongs is a TypeError that says so."""
+    if isinstance(actions, str | ActionSpec):
+        raise TypeError(
+            f"actions[{n}] must be a list of this session's actions, e.g. [{actions!r}], "
+            f"not {type(actions).__name__} {actions!r}"
+        )
+    out = []
+    for action in actions:
+        if isinstance(action, str):
+            action = ActionSpec(action)
+        if not isinstance(action, ActionSpec):
+            raise TypeError(f"actions[{n}]: an action is an ActionSpec or a name, not {action!r}")
+        out.append(action)
+    return tuple(out)
+
+
 def _as_list(x: str | Sequence[str]) -> list[str]:
     return [x] if isinstance(x, str) else list(x)
 
@@ -454,12 +472,14 @@ class AsyncEnvClient:
         *,
         return_exceptions: bool = False,
     ) -> list[Any]:
-        """Apply explicit actions (manual play: no format or world-model reward)."""
+        """Apply explicit actions (manual play: no format or world-model reward): one list
+        per session, each action an `ActionSpec` or its name (`[["Left", "Up"]]`)."""
         ids = _as_list(session_ids)
         if len(actions) != len(ids):
             raise ValueError(f"{len(ids)} sessions but {len(actions)} action lists")
+        lists = [_action_list(n, a) for n, a in enumerate(actions)]
         return await self._step(
-            [StepItem(sid, 0, actions=tuple(a)) for sid, a in zip(ids, actions, strict=True)],
+            [StepItem(sid, 0, actions=a) for sid, a in zip(ids, lists, strict=True)],
             return_exceptions,
         )
 

@@ -80,3 +80,23 @@ def test_parts_stay_within_the_request_bytes(roomy_server):
         await transport.aclose()
 
     asyncio.run(main())
+
+
+def test_step_actions_takes_names_and_refuses_a_bare_list_with_a_clear_error(roomy_server):
+    """`[["Left"]]` is ActionSpec("Left"); `["Left"]` (one session's actions without the
+    outer list) is a TypeError that shows the right shape, not an AttributeError."""
+
+    async def main() -> None:
+        async with AsyncEnvClient([roomy_server.grpc]) as client:
+            (made,) = await client.create([SessionOptions("tiny", seed=3)])
+            sid, start = made.session_id, made.observation.ground_truth["player"][1]
+            (by_name,) = await client.step_actions(sid, [["Left"]])
+            assert by_name.observation.ground_truth["player"][1] == max(0, start - 1)
+            with pytest.raises(TypeError, match=r"actions\[0\] must be a list .*\['Left'\]"):
+                await client.step_actions(sid, ["Left"])
+            with pytest.raises(TypeError, match=r"an action is an ActionSpec or a name"):
+                await client.step_actions(sid, [[{"name": "Left"}]])
+            (again,) = await client.step_actions(sid, [[ActionSpec("Right")]])
+            assert again.step_index == 2  # the refused calls sent nothing
+
+    asyncio.run(main())
