@@ -120,8 +120,9 @@ def unknown_session(session_id: str) -> ServiceError:
 
 def check_actions(spec: EnvSpec, actions: Sequence[Any] | None, most: int) -> ServiceError | None:
     """Why a step's explicit `actions` can't go to environment `spec`, or None: more than
-    `most` (max_actions_per_step), or numbers given to an action that takes none (a
-    discrete name, e.g. Left; a call action's count is the environment's to judge)."""
+    `most` (max_actions_per_step), numbers given to an action that takes none (a
+    discrete name, e.g. Left; a call action's count is the environment's to judge), or a
+    payload given to an environment whose actions are not documents."""
     if actions is None:
         return None
     if len(actions) > most:
@@ -131,8 +132,16 @@ def check_actions(spec: EnvSpec, actions: Sequence[Any] | None, most: int) -> Se
             f"limit of {most} (max_actions_per_step, GET /v1/limits)",
             "actions",
         )
-    takes = {name.lower(): n for name, n in (spec.action_space or {}).get("arity", {}).items()}
+    space = spec.action_space or {}
+    takes = {name.lower(): n for name, n in space.get("arity", {}).items()}
     for pos, action in enumerate(actions):
+        if action.payload is not None and space.get("kind", "document") != "document":
+            return ServiceError(
+                "INVALID_ARGUMENT",
+                f"actions.{pos}.payload: {spec.name}'s actions take no payload (only a "
+                "document action, e.g. svg's, does)",
+                f"actions.{pos}.payload",
+            )
         if action.args and not takes.get(action.name.strip().lower()):
             return ServiceError(
                 "INVALID_ARGUMENT",

@@ -368,6 +368,18 @@ def test_a_long_invalid_action_is_named_not_echoed_whole(http):
     http.delete(f"/v1/sessions/{sid}")
 
 
+def test_a_payload_is_refused_where_actions_are_not_documents(http):
+    """Only a document action (svg's, vicrit's) reads a payload; elsewhere it would be
+    dropped unread, so it is refused naming it, and the step is not applied."""
+    sid = http.post("/v1/sessions", json={"env": "sokoban", "seed": 1}).json()["session_id"]
+    step = {"step_index": 0, "actions": [{"name": "Left"}, {"name": "Up", "payload": "x" * 1000}]}
+    error = check_error(http.post(f"/v1/sessions/{sid}/step", json=step))
+    assert error["code"] == "INVALID_ARGUMENT" and error["field"] == "actions.1.payload", error
+    assert "no payload" in error["message"]
+    assert http.get(f"/v1/sessions/{sid}").json()["step_index"] == 0  # nothing applied
+    http.delete(f"/v1/sessions/{sid}")
+
+
 def test_reset_without_a_seed_after_the_last_seed_starts_again_at_0(http):
     """An unset seed is the previous one + 1; past 2**63 - 1 that is 0, never a refusal
     naming a seed the client did not send."""
