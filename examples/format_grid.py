@@ -156,13 +156,12 @@ class Job:
 
     def warm_up(self) -> Path | None:
         """The warm-up this job loads instead of building its own, if any."""
-        source = ARMS[self.arm].get("warm_up_from")
         if self.warm_ups is not None:
-            arm = source or self.arm
+            arm = ARMS[self.arm].get("warm_up_from") or self.arm
             return self.warm_ups / f"{arm}-{self.seed}" / f"natural-{self.seed}" / "warm"
+        source = self.after  # this grid's job it waits for
         if source is not None:
-            job = Job(source, self.seed, self.out, estimator=self.estimator)
-            return self.out / job.name / f"natural-{self.seed}" / "warm"
+            return self.out / source.name / f"natural-{self.seed}" / "warm"
         return None
 
     def command(self, budget: str) -> list[str]:
